@@ -1,0 +1,90 @@
+"""The transformer forward pass over a dynamic batch of ragged sequences.
+
+Sequences from all requests are sorted by length and cut into sub-batches, so a short text
+never pays for the padding of a long one; results come back in the caller's order.
+"""
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .errors import InvalidInput
+from .ragged import unpad
+
+
+def transformer_subfolder(model_dir: Path) -> Path:
+    """sentence-transformers folders name the Transformer module's path in modules.json."""
+    modules = model_dir / "modules.json"
+    if modules.exists():
+        for module in json.loads(modules.read_text()):
+            if module["type"].endswith("Transformer"):
+                return model_dir / module.get("path", "")
+    return model_dir
+
+
+class RaggedEncoder:
+    def __init__(self, model: torch.nn.Module, device: str = "cpu", max_batch_tokens: int = 8192,
+                 max_batch_sequences: int = 64):
+        self.model = model.eval().to(device)
+        self.device = device
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_sequences = max_batch_sequences
+
+    @classmethod
+    def from_folder(cls, model_dir: Path, device: str = "cpu", **kwargs) -> "RaggedEncoder":
+        from transformers import AutoModel
+
+        model = AutoModel.from_pretrained(transformer_subfolder(model_dir), torch_dtype=torch.float32)
+        return cls(model, device=device, **kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    def split_sequences(self, ids: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+        """Rows of a padded id matrix cut to their lengths, with ids checked against the
+        vocabulary (an out-of-range id would fail deep inside the embedding lookup)."""
+        sequences = unpad(ids, lengths)
+        for i, seq in enumerate(sequences):
+            if seq.min() < 0 or seq.max() >= self.vocab_size:
+                raise InvalidInput(f"input_ids[{i}]", f"token ids must be in 0..{self.vocab_size - 1}")
+        return sequences
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def sub_batches(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Indices grouped longest first, each group's padded size within max_batch_tokens."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        groups, current = [], []
+        for i in order:
+            longest = lengths[current[0]] if current else lengths[i]
+            if current and (longest * (len(current) + 1) > self.max_batch_tokens
+                            or len(current) >= self.max_batch_sequences):
+                groups.append(current)
+                current = []
+            current.append(i)
+        if current:
+            groups.append(current)
+        return groups
+
+    @torch.inference_mode()
+    def encode(self, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Token hidden states [length, hidden] for each 1-D id sequence."""
+        lengths = [len(s) for s in sequences]
+        out: list = [None] * len(sequences)
+        for group in self.sub_batches(lengths):
+            longest = lengths[group[0]]
+            ids = torch.zeros((len(group), longest), dtype=torch.long)
+            mask = torch.zeros((len(group), longest), dtype=torch.long)
+            for row, i in enumerate(group):
+                ids[row, : lengths[i]] = torch.from_numpy(np.asarray(sequences[i], dtype=np.int64))
+                mask[row, : lengths[i]] = 1
+            states = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
+            states = states.float().cpu().numpy()
+            for row, i in enumerate(group):
+                out[i] = states[row, : lengths[i]]
+        return out

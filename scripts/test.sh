@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole test suite: unit tests of the library, then integration tests against real
+# tritonserver processes. Extra arguments go to pytest (e.g. -k embed, -x).
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+cd "$TRITONFRONT_ROOT"
+[ -x "${TRITONSERVER:-}" ] || { echo "run scripts/setup.sh first" >&2; exit 1; }
+exec python -m pytest -p no:cacheprovider tests "$@"
