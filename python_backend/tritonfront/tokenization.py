@@ -29,6 +29,17 @@ class TextRequest:
     truncate: bool = True
 
 
+def decode_texts(items: Sequence, field: str) -> list[str]:
+    """BYTES tensor items as text; bad UTF-8 is the client's error, named by item and byte."""
+    texts = []
+    for i, raw in enumerate(items):
+        try:
+            texts.append(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
+        except UnicodeDecodeError as error:
+            raise InvalidInput(f"{field}[{i}]", f"is not valid UTF-8 (byte {error.start}: {error.reason})") from None
+    return texts
+
+
 def max_sequence_length(model_dir: Path, tokenizer) -> int:
     """The limit sentence-transformers truncates to: max_seq_length from sentence_bert_config.json
     (256 for all-MiniLM-L6-v2, below the tokenizer's own 512), else the tokenizer's and the

@@ -6,6 +6,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from .errors import InvalidInput
+from .tokenization import decode_texts
 
 
 def parameters(args: dict) -> dict[str, str]:
@@ -26,13 +27,7 @@ def required(request, name: str) -> np.ndarray:
 
 
 def strings(request, name: str) -> list[str]:
-    texts = []
-    for i, raw in enumerate(required(request, name).reshape(-1)):
-        try:
-            texts.append(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
-        except UnicodeDecodeError as error:
-            raise InvalidInput(f"{name}[{i}]", f"is not valid UTF-8 (byte {error.start}: {error.reason})") from None
-    return texts
+    return decode_texts(required(request, name).reshape(-1), name)
 
 
 def scalar(request, name: str, default: Any = None) -> Any:
