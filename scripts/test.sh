@@ -5,4 +5,5 @@ set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$TRITONFRONT_ROOT"
 [ -x "${TRITONSERVER:-}" ] || { echo "run scripts/setup.sh first" >&2; exit 1; }
-exec python -m pytest -p no:cacheprovider tests "$@"
+# pytest.ini names tests/ as the default path, so file arguments narrow the run.
+exec python -m pytest -p no:cacheprovider "$@"

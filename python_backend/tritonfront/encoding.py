@@ -36,7 +36,7 @@ class RaggedEncoder:
     def from_folder(cls, model_dir: Path, device: str = "cpu", **kwargs) -> "RaggedEncoder":
         from transformers import AutoModel
 
-        model = AutoModel.from_pretrained(transformer_subfolder(model_dir), torch_dtype=torch.float32)
+        model = AutoModel.from_pretrained(transformer_subfolder(model_dir), dtype=torch.float32)
         return cls(model, device=device, **kwargs)
 
     @property

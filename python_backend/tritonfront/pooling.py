@@ -10,9 +10,8 @@ import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional
 
-import numpy as np
 import torch
 
 from .errors import InvalidInput
@@ -41,7 +40,8 @@ def pool(batch: RaggedBatch, mode: str, rows: Optional[torch.Tensor] = None) -> 
         return rows[batch.offsets[1:] - 1]
     segments = batch.segment_ids
     if mode == "max":
-        return torch.empty(count, hidden).index_reduce_(0, segments, rows, "amax", include_self=False)
+        return torch.empty(count, hidden).scatter_reduce_(0, segments[:, None].expand(-1, hidden), rows, "amax",
+                                                          include_self=False)
     if mode == "weightedmean":  # sentence-transformers weights token i (from 1) by i
         weights = (torch.arange(len(rows)) - batch.offsets[segments] + 1).to(rows.dtype)
         sums = torch.zeros(count, hidden).index_add_(0, segments, rows * weights[:, None])
@@ -81,13 +81,17 @@ class PoolingHead:
                 mode = Pooling.load(path).pooling_mode
                 head.modes = (mode,) if isinstance(mode, str) else tuple(mode)
             elif kind == "Dense":
+                _check_sentence_level(path, kind)
                 layer = Dense.load(path)
                 if getattr(layer, "use_residual", False):
                     raise ValueError(f"{path}: residual Dense layers are not supported")
+                if head.normalized:  # the head normalizes last; a projection after it would be skipped
+                    raise ValueError(f"{path}: a Dense module after Normalize is not supported")
                 head.dense.append(DenseLayer(layer.linear.weight.detach().float(),
                                              None if layer.linear.bias is None else layer.linear.bias.detach().float(),
                                              layer.activation_function))
             elif kind == "Normalize":
+                _check_sentence_level(path, kind)
                 head.normalized = True
             else:
                 raise ValueError(f"{model_dir}: sentence-transformers module {kind} is not supported by the pooler")
@@ -128,8 +132,22 @@ class PoolingHead:
         return normalize(rows) if self.normalized else rows
 
 
-def truncate_dimensions(rows: torch.Tensor, dimensions: Optional[int]) -> torch.Tensor:
-    """Matryoshka: keep the first `dimensions` components, then re-normalize."""
+def _check_sentence_level(path: str, kind: str) -> None:
+    """sentence-transformers Dense and Normalize modules may read or write token_embeddings
+    (ColBERT-style heads that project every token before pooling); this head runs them only on
+    the pooled vector, so anything else would silently give other vectors than the model's."""
+    config_file = Path(path, "config.json")
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    source = config.get("module_input_name", "sentence_embedding")
+    target = config.get("module_output_name") or source
+    if {source, target} != {"sentence_embedding"}:
+        raise ValueError(f"{path}: {kind} from {source} to {target} is not supported (only sentence_embedding)")
+
+
+def truncate_dimensions(rows: torch.Tensor, dimensions: Optional[int], renormalize: bool = True) -> torch.Tensor:
+    """Matryoshka: keep the first `dimensions` components, then re-normalize if the model's
+    vectors were normalized (a model without Normalize keeps raw components at every size)."""
     if dimensions is None or dimensions >= rows.shape[-1]:
         return rows
-    return normalize(rows[..., :dimensions])
+    rows = rows[..., :dimensions]
+    return normalize(rows) if renormalize else rows

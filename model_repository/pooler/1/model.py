@@ -35,14 +35,14 @@ class TritonPythonModel:
         wanted = set().union(*(w for _, w, _ in requests))
         sentences = self.head.sentence_embeddings(batch) if "embedding" in wanted else None
         tokens = batch.split(self.head.token_embeddings(batch)) if "token_embeddings" in wanted else None
-        results, start = [], 0
+        results, start, normalized = [], 0, self.head.normalized
         for sequences, names, dimensions in requests:
             end = start + len(sequences)
             outputs = {}
             if "embedding" in names:
-                outputs["embedding"] = truncate_dimensions(sentences[start:end], dimensions).numpy()
+                outputs["embedding"] = truncate_dimensions(sentences[start:end], dimensions, normalized).numpy()
             if "token_embeddings" in names:
-                outputs["token_embeddings"] = ragged.pad([truncate_dimensions(t, dimensions).numpy() for t in tokens[start:end]])
+                outputs["token_embeddings"] = ragged.pad([truncate_dimensions(t, dimensions, normalized).numpy() for t in tokens[start:end]])
             results.append(outputs)
             start = end
         return results

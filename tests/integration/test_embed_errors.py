@@ -1,0 +1,93 @@
+"""Bad requests to the embed ensembles: each gets an INVALID_ARG error that names the input and
+the limit, while good requests batched beside them still get correct embeddings."""
+import asyncio
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from embed_client import PROTOCOLS, client, cosines, infer_aio, inputs, reference_embeddings, requested, varied_texts
+
+OVER_LONG = "word " * 300  # 302 tokens with [CLS] and [SEP]
+TOO_BIG = "a" * (64 * 1024 + 1)
+
+
+def bytes_input(items):
+    return np.array([[item] for item in items], dtype=np.object_), "BYTES"
+
+
+# name: (request arguments, the model, what the message must say)
+BAD_REQUESTS = {
+    "invalid-utf8": (dict(texts=None, raw=bytes_input([b"ok", b"caf\xe9 \xff"])), "embed",
+                     ["text_input[1]", "not valid UTF-8"]),
+    "int32-text": (dict(texts=None, raw=(np.array([[7]], dtype=np.int32), "INT32")), "embed",
+                   ["text_input", "INT32", "BYTES"]),
+    "two-texts-per-row": (dict(texts=None, raw=(np.array([[b"a", b"b"]], dtype=np.object_), "BYTES")), "embed",
+                          ["text_input", "[-1,1]", "[1,2]"]),
+    "flat-shape": (dict(texts=None, raw=(np.array([b"a", b"b"], dtype=np.object_), "BYTES")), "embed",
+                   ["text_input", "[-1,1]", "[2]"]),
+    "dimensions-0": (dict(texts=["hi"], dimensions=0), "embed", ["dimensions", "0 is outside 1..384"]),
+    "dimensions-385": (dict(texts=["hi"], dimensions=385), "embed", ["dimensions", "385 is outside 1..384"]),
+    "token-dimensions-385": (dict(texts=["hi"], dimensions=385), "embed_tokens", ["dimensions", "1..384"]),
+    "over-long-no-truncate": (dict(texts=["fine", OVER_LONG], truncate=False), "embed",
+                              ["text_input[1]", "302 tokens", "limit of 256"]),
+    "65-texts": (dict(texts=["hi"] * 65), "embed", ["batch-size", "64"]),
+    "text-over-64KiB": (dict(texts=["ok", TOO_BIG]), "embed", ["text_input[1]", "65537 bytes", "65536 bytes"]),
+}
+
+
+def send(connection, protocol, case):
+    arguments, model, _ = BAD_REQUESTS[case]
+    module = httpclient if protocol == "http" else grpcclient
+    return connection.infer(model, inputs(module, **arguments), outputs=requested(module, model))
+
+
+def is_invalid_argument(error: InferenceServerException, protocol: str) -> bool:
+    return error.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("case", BAD_REQUESTS)
+def test_bad_request_is_invalid_argument_naming_input_and_limit(server, protocol, case):
+    with client(protocol, server) as connection:
+        with pytest.raises(InferenceServerException) as caught:
+            send(connection, protocol, case)
+    assert is_invalid_argument(caught.value, protocol), (caught.value.status(), caught.value.message())
+    for part in BAD_REQUESTS[case][2]:
+        assert part in caught.value.message()
+
+
+def test_good_requests_succeed_while_bad_ones_are_sent_concurrently(server):
+    texts, reference = varied_texts(), reference_embeddings()
+    rng = np.random.default_rng(3)
+    good = [rng.choice(len(texts), size=int(rng.integers(1, 3)), replace=False) for _ in range(40)]
+    bad = [case for case in BAD_REQUESTS for _ in range(4)]
+    jobs = [("good", pick) for pick in good] + [("bad", case) for case in bad]
+    rng.shuffle(jobs)
+
+    async def one(connection, kind, job):
+        if kind == "good":
+            return await infer_aio(connection, [texts[i] for i in job])
+        arguments, model, _ = BAD_REQUESTS[job]
+        try:
+            await connection.infer(model, inputs(grpcclient, **arguments), outputs=requested(grpcclient, model))
+        except InferenceServerException as error:
+            return error
+        return None
+
+    async def run():
+        async with grpcaio.InferenceServerClient(server.grpc_url) as connection:
+            return await asyncio.gather(*(one(connection, kind, job) for kind, job in jobs))
+
+    for (kind, job), result in zip(jobs, asyncio.run(run())):
+        if kind == "good":
+            assert cosines(result["embedding"], reference[job]).min() >= 0.9999
+        else:
+            assert isinstance(result, InferenceServerException), f"{job} was accepted"
+            assert is_invalid_argument(result, "grpc") and all(p in result.message() for p in BAD_REQUESTS[job][2])
+    assert server.is_ready()
+    with client("http", server) as connection:
+        assert connection.is_model_ready("embed") and connection.is_model_ready("embed_tokens")
