@@ -1,0 +1,46 @@
+from dataclasses import dataclass
+
+import numpy as np
+
+from tritonfront import model_sources, triton_io
+from tritonfront.detokenization import Chunk, StreamDetokenizer
+
+PASSED_THROUGH = ("finish_reason", "prompt_tokens", "completion_tokens")
+
+
+@dataclass
+class ParsedRequest:
+    chunks: list[Chunk]
+    passed_through: dict[str, np.ndarray]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = triton_io.parameters(args)
+        self.detokenizer = StreamDetokenizer.from_folder(model_sources.model_dir(params["model_source"]))
+
+    def execute(self, requests):
+        return triton_io.batch_execute(requests, self.parse, self.compute, self.build)
+
+    @staticmethod
+    def parse(request) -> ParsedRequest:
+        # Triton has checked that every input has the same batch size (rows).
+        output_ids = triton_io.required(request, "output_ids")
+        rows = output_ids.shape[0]
+        context_ids = triton_io.required(request, "context_ids")
+        is_final = triton_io.required(request, "is_final").reshape(rows)
+        passed_through = {name: triton_io.required(request, name).reshape(rows, 1) for name in PASSED_THROUGH}
+        chunks = [Chunk(context.tolist(), output.tolist(), bool(final))
+                  for context, output, final in zip(context_ids, output_ids, is_final)]
+        return ParsedRequest(chunks, passed_through)
+
+    def compute(self, parsed: list[ParsedRequest]) -> list:
+        results = self.detokenizer.detokenize_requests([request.chunks for request in parsed])
+        return [result if isinstance(result, Exception) else {
+            "text_output": np.array([[text.encode("utf-8")] for text in result], dtype=np.object_),
+            **request.passed_through,
+        } for request, result in zip(parsed, results)]
+
+    @staticmethod
+    def build(request, outputs: dict):
+        return triton_io.response(outputs)
