@@ -1,0 +1,132 @@
+"""Data-parallel balancing of the `llm` instances by outstanding tokens.
+
+Every Triton Python model instance is a process with its own engine: a DP rank. Triton gives the
+next request to whichever instance is free and knows nothing of how much work each one holds.
+So the ranks publish their load in a small table shared through a file in /dev/shm (each rank
+writes only its own row), and after queueing its requests an instance holds on to its `execute`
+call while it is not among the least-loaded ranks. Triton's scheduler then hands the next
+requests to the less-loaded instances, and waiting requests stay in Triton's own queue, where
+its queue policies, priorities and metrics keep working.
+"""
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .generation import Load
+
+FIELDS = ("outstanding_tokens", "waiting_requests", "active_sequences", "heartbeat_ns")
+OUTSTANDING, WAITING, ACTIVE, HEARTBEAT = range(len(FIELDS))
+DEFAULT_DIRECTORY = Path("/dev/shm")
+BALANCING_MODES = ("tokens", "none")
+
+
+def instance_rank(args: dict) -> tuple[int, int]:
+    """(rank of this instance, number of ranks) across all instance groups of the model, from the
+    instance name Triton gives it: <group name>_<index within the group>."""
+    config = json.loads(args["model_config"])
+    name = args["model_instance_name"]
+    rank, ranks = None, 0
+    for group in config.get("instance_group", []):
+        size = int(group.get("count", 1)) * max(1, len(group.get("gpus", [])))  # count is per GPU
+        prefix = f"{group.get('name', '')}_"
+        index = name[len(prefix):]
+        if name.startswith(prefix) and index.isdigit() and int(index) < size:
+            rank = ranks + int(index)
+        ranks += size
+    if rank is None:
+        raise ValueError(f"instance {name!r} is not in the instance groups of model {config.get('name')!r}")
+    return rank, ranks
+
+
+def table_path(model_name: str, server_pid: int, directory: Path = DEFAULT_DIRECTORY) -> Path:
+    """One table per model per tritonserver process, so two servers never share one."""
+    return directory / f"tritonfront-{re.sub(r'[^A-Za-z0-9_.]', '_', model_name)}-{server_pid}.load"
+
+
+def remove_stale_tables(directory: Path = DEFAULT_DIRECTORY) -> None:
+    """Tables of servers that are gone (their pid ends the name)."""
+    for path in directory.glob("tritonfront-*.load"):
+        pid = path.stem.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LoadTable:
+    """[ranks, FIELDS] int64 in a shared file. A rank whose heartbeat is older than `stale_s`
+    (not started yet, or gone) is ignored, so no rank waits for one that takes no work."""
+
+    def __init__(self, path: Path, rank: int, ranks: int, stale_s: float = 2.0):
+        if not 0 <= rank < ranks:
+            raise ValueError(f"rank {rank} is outside 0..{ranks - 1}")
+        self.path, self.rank, self.ranks = Path(path), rank, ranks
+        self.stale_ns = int(stale_s * 1e9)
+        size = ranks * len(FIELDS) * np.dtype(np.int64).itemsize
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            # Growing is safe to race: every rank asks for the same size and existing rows stay.
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        self._rows: Optional[np.memmap] = np.memmap(self.path, dtype=np.int64, mode="r+", shape=(ranks, len(FIELDS)))
+        self._rows[rank] = 0
+
+    @classmethod
+    def for_model(cls, model_name: str, rank: int, ranks: int, server_pid: int,
+                  directory: Path = DEFAULT_DIRECTORY) -> "LoadTable":
+        remove_stale_tables(directory)
+        return cls(table_path(model_name, server_pid, directory), rank, ranks)
+
+    def publish(self, load: Load) -> None:
+        self._rows[self.rank] = (load.outstanding_tokens, load.waiting_requests, load.active_sequences,
+                                 time.monotonic_ns())
+
+    def snapshot(self) -> np.ndarray:
+        return np.array(self._rows)
+
+    def live_ranks(self, rows: np.ndarray) -> np.ndarray:
+        alive = (time.monotonic_ns() - rows[:, HEARTBEAT]) < self.stale_ns
+        alive[self.rank] = True
+        return alive
+
+    def least_loaded(self) -> bool:
+        """Whether no live rank has fewer outstanding tokens than this one (ties count as least)."""
+        rows = self.snapshot()
+        return bool(rows[self.rank, OUTSTANDING] <= rows[self.live_ranks(rows), OUTSTANDING].min())
+
+    def close(self) -> None:
+        if self._rows is not None:
+            self._rows[self.rank] = 0  # heartbeat 0: the others stop counting this rank at once
+            self._rows.flush()
+            self._rows = None
+
+
+class BalancingGate:
+    def __init__(self, table: LoadTable, timeout_s: float = 1.0, poll_s: float = 0.001):
+        self.table = table
+        self.timeout_s = timeout_s  # bounds the hold when the least-loaded ranks take no work
+        self.poll_s = poll_s
+
+    def wait(self) -> bool:
+        """Returns once this rank is among the least loaded (True) or after the timeout (False)."""
+        deadline = time.monotonic() + self.timeout_s
+        while not self.table.least_loaded():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self.poll_s)
+        return True

@@ -1,0 +1,274 @@
+"""The `llm` model's serving loop: queued requests in, engine steps, response chunks out.
+
+`execute` only validates and queues. One thread per model instance owns the rest: it waits for
+the engine's new tokens, turns them into chunks per request (EOS and end_id, stop words,
+max_tokens, stream_interval), sends them, and polls client cancellation between engine steps,
+so a cancelled request leaves the batch (and frees its KV cache) within one step. Sending and
+the cancellation check are a Responder's job, so this runs and is tested without Triton.
+"""
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+import numpy as np
+
+from .engines.base import Engine, EngineOutput, SamplingParams
+from .stopping import StopMatcher
+
+FINISH_LENGTH, FINISH_STOP, FINISH_CANCELLED = "length", "stop", "cancelled"
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Chunk:
+    output_ids: list[int]  # new ids of this chunk
+    context_ids: list[int]  # ids sent just before them, for a stateless detokenizer
+    final: bool
+    finish_reason: str  # "" until the final chunk
+    prompt_tokens: int
+    completion_tokens: int  # ids sent so far, this chunk included
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The `llm` model's outputs for this chunk, with the batch dimension of one request."""
+        return {
+            "output_ids": np.array([self.output_ids], dtype=np.int32).reshape(1, -1),
+            "context_ids": np.array([self.context_ids], dtype=np.int32).reshape(1, -1),
+            "is_final": np.array([[self.final]], dtype=bool),
+            "finish_reason": np.array([[self.finish_reason.encode()]], dtype=np.object_),
+            "prompt_tokens": np.array([[self.prompt_tokens]], dtype=np.int32),
+            "completion_tokens": np.array([[self.completion_tokens]], dtype=np.int32),
+        }
+
+
+class Completion:
+    """One request's generated ids, turned into the chunks its client gets."""
+
+    def __init__(self, prompt_tokens: int, stop_sequences: Sequence[Sequence[int]] = (),
+                 eos_ids: frozenset = frozenset(), stream: bool = False, stream_interval: int = 1,
+                 context_window: int = 0):
+        self.prompt_tokens = prompt_tokens
+        self.generated = 0  # ids the engine produced, sent or held: what this request keeps in the KV cache
+        self.finish_reason: Optional[str] = None
+        self.stream = stream
+        self.stream_interval = stream_interval
+        self.context_window = context_window
+        self._eos = eos_ids
+        self._matcher = StopMatcher(stop_sequences)
+        self._pending: list[int] = []
+        self._recent: list[int] = []
+        self._sent = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def on_tokens(self, token_ids: Sequence[int], engine_finished: bool = False,
+                  engine_reason: Optional[str] = None) -> list[Chunk]:
+        for token in token_ids:
+            if self.finished:
+                break
+            self.generated += 1
+            if token in self._eos:
+                self._end(FINISH_STOP)
+                break
+            released, matched = self._matcher.push(int(token))
+            self._pending.extend(released)
+            if matched:
+                self.finish_reason = FINISH_STOP
+        if engine_finished and not self.finished:
+            self._end(engine_reason or FINISH_LENGTH)
+        if self.finished:
+            return [self._chunk(final=True)]
+        if self.stream and len(self._pending) >= self.stream_interval:
+            return [self._chunk(final=False)]
+        return []
+
+    def cancel(self) -> Chunk:
+        self._pending = []
+        self._matcher.flush()
+        self.finish_reason = FINISH_CANCELLED
+        return self._chunk(final=True)
+
+    def _end(self, reason: str) -> None:
+        # Held tokens whose stop sequence never completed belong to the text.
+        self._pending.extend(self._matcher.flush())
+        self.finish_reason = reason
+
+    def _chunk(self, final: bool) -> Chunk:
+        ids, self._pending = self._pending, []
+        context = self._recent[-self.context_window:] if self.context_window else []
+        self._recent = (self._recent + ids)[-self.context_window:] if self.context_window else []
+        self._sent += len(ids)
+        return Chunk(ids, context, final, self.finish_reason if final else "", self.prompt_tokens, self._sent)
+
+
+@dataclass
+class Load:
+    """This instance's share of the work, as the balancing gate and the metrics see it."""
+
+    outstanding_tokens: int = 0  # prompt + generated tokens of every unfinished request
+    waiting_requests: int = 0  # queued, no token generated yet
+    active_sequences: int = 0  # unfinished requests
+    cancelled_requests: int = 0  # since start
+
+
+class Responder(Protocol):
+    def send(self, handle: Any, chunk: Chunk) -> None: ...
+
+    def fail(self, handle: Any, error: Exception) -> None: ...
+
+    def is_cancelled(self, handle: Any) -> bool: ...
+
+
+@dataclass
+class _Live:
+    handle: Any
+    completion: Completion
+
+
+class GenerationLoop:
+    def __init__(self, engine: Engine, responder: Responder, stream_interval: int = 1, context_window: int = 0,
+                 on_load: Callable[[Load], None] = lambda load: None, poll_s: float = 0.02,
+                 idle_cancel_check_s: float = 0.1):
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
+        self.engine = engine
+        self.responder = responder
+        self.stream_interval = stream_interval
+        self.context_window = context_window
+        self.on_load = on_load
+        self.poll_s = poll_s  # longest wait for engine output
+        self.idle_cancel_check_s = idle_cancel_check_s
+        self._cancellations_checked = 0.0
+        self._live: dict[str, _Live] = {}
+        self._cancelled = 0
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tritonfront-generation", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, handle: Any, prompt_ids: Sequence[int], params: SamplingParams,
+               stop_sequences: Sequence[Sequence[int]] = (), stream: bool = False) -> None:
+        end_ids = self.engine.eos_token_ids | ({params.end_id} if params.end_id is not None else set())
+        completion = Completion(len(prompt_ids), stop_sequences, frozenset(end_ids), stream, self.stream_interval,
+                                self.context_window if stream else 0)
+        request_id = f"req-{next(self._ids)}"
+        # Registered and added as one step, so a cancellation check cannot fall in between and
+        # cancel in the engine a request it does not have yet.
+        with self._lock:
+            self._live[request_id] = _Live(handle, completion)
+            try:
+                self.engine.add(request_id, prompt_ids, params)
+            except Exception:
+                del self._live[request_id]
+                raise
+        self.publish_load()
+
+    def load(self) -> Load:
+        with self._lock:
+            completions = [live.completion for live in self._live.values()]
+            return Load(sum(c.prompt_tokens + c.generated for c in completions),
+                        sum(c.generated == 0 for c in completions), len(completions), self._cancelled)
+
+    def publish_load(self) -> None:
+        self.on_load(self.load())
+
+    def stop(self, timeout: float = 30) -> None:
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.engine.shutdown()
+        self._fail_all(RuntimeError("the model is being unloaded"))
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self.step()
+
+    def step(self) -> None:
+        """One turn of the loop: the engine's new tokens out to their clients, then cancellations."""
+        try:
+            outputs = self.engine.outputs(self.poll_s)
+        except Exception as error:  # the engine cannot generate: no request may wait forever
+            logger.exception("engine failed")
+            self._fail_all(error)
+            self._stopping.wait(self.poll_s)
+            return
+        for output in outputs:
+            self._deliver(output)
+        # Once per engine step (a step's outputs arrive together), and now and then while
+        # requests only wait: each check is a round trip to Triton per live request.
+        now = time.monotonic()
+        if outputs or now - self._cancellations_checked >= self.idle_cancel_check_s:
+            self._cancellations_checked = now
+            self._check_cancellations()
+        self.publish_load()
+
+    def _deliver(self, output: EngineOutput) -> None:
+        with self._lock:
+            live = self._live.get(output.request_id)
+        if live is None:
+            return
+        if output.error:
+            self._retire(output.request_id, cancel_engine=False)
+            self._fail(live, RuntimeError(output.error))
+            return
+        chunks = live.completion.on_tokens(output.token_ids, output.finished, output.finish_reason)
+        if live.completion.finished:
+            # A stop sequence ends the request before the engine would have.
+            self._retire(output.request_id, cancel_engine=not output.finished)
+        for chunk in chunks:
+            if not self._send(live, chunk) and not chunk.final:
+                self._retire(output.request_id, cancel_engine=True)
+                self._send(live, live.completion.cancel())  # Triton holds the request until a final flag
+                break
+
+    def _check_cancellations(self) -> None:
+        with self._lock:
+            live_items = list(self._live.items())
+        for request_id, live in live_items:
+            if self._is_cancelled(live):
+                self._retire(request_id, cancel_engine=True)
+                with self._lock:
+                    self._cancelled += 1
+                self._send(live, live.completion.cancel())
+
+    def _retire(self, request_id: str, cancel_engine: bool) -> None:
+        with self._lock:
+            self._live.pop(request_id, None)
+        if cancel_engine:
+            self.engine.cancel(request_id)
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._lock:
+            lost, self._live = list(self._live.values()), {}
+        for live in lost:
+            self._fail(live, error)
+
+    # A client that went away must not stop the loop serving the others: responder errors are
+    # logged, and a request whose client cannot be reached is treated as cancelled.
+    def _send(self, live: _Live, chunk: Chunk) -> bool:
+        try:
+            self.responder.send(live.handle, chunk)
+            return True
+        except Exception:
+            logger.exception("sending a response failed")
+            return False
+
+    def _fail(self, live: _Live, error: Exception) -> None:
+        try:
+            self.responder.fail(live.handle, error)
+        except Exception:
+            logger.exception("sending an error response failed")
+
+    def _is_cancelled(self, live: _Live) -> bool:
+        try:
+            return bool(self.responder.is_cancelled(live.handle))
+        except Exception:
+            logger.exception("checking for cancellation failed")
+            return True

@@ -1,0 +1,248 @@
+"""The `generate` ensemble (llm_tokenizer -> llm -> detokenizer) on real tritonservers: greedy
+text equals transformers generate + decode, streams join to the non-streamed text, HTTP
+generate and generate_stream, stop words, bad inputs, cancellation, and DP balancing."""
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from generate_client import (PROMPTS, Streams, generate_inputs, greedy_reference, metric_values, post, prompt_ids,
+                             single_error, sse_events, tensor, tokenizer, write_deployment)
+from triton_server import triton_server
+
+MAX_TOKENS = 16
+EOS = 2
+# Raw text like TensorRT-LLM clients send, and chat-templated (the model's chat template).
+CASES = [(prompt, False) for prompt in PROMPTS[:8]] + [(prompt, True) for prompt in PROMPTS[8:]]
+
+
+def expected(ids: list[int]) -> tuple[str, str, int]:
+    """(text, finish_reason, completion_tokens) for greedy ids: EOS ends with "stop" unsent."""
+    if EOS in ids:
+        ids = ids[: ids.index(EOS)]
+        return tokenizer().decode(ids, skip_special_tokens=True), "stop", len(ids)
+    return tokenizer().decode(ids, skip_special_tokens=True), "length", len(ids)
+
+
+@pytest.fixture(scope="module")
+def references():
+    prompts = [prompt_ids(text, chat) for text, chat in CASES]
+    return [(ids, expected(generated)) for ids, generated in zip(prompts, greedy_reference(prompts, MAX_TOKENS))]
+
+
+@pytest.fixture(scope="module")
+def dp_server(tmp_path_factory):
+    """DP 2 (llm balanced by tokens, llm_none by Triton's placement) and 4 detokenizers, one torch
+    thread per llm instance on this 2-core machine."""
+    out = tmp_path_factory.mktemp("dp2")
+    repositories = write_deployment(out, "--dp", "2", "--detokenizers", "4", "--set", "llm.num_threads=1",
+                                    "--set", "llm.kv_cache_tokens=8192", unbalanced_copy=True)
+    with triton_server(out / "server.log", repositories=repositories) as running:
+        yield running
+
+
+def case_inputs(case, stream: bool, max_tokens: int = MAX_TOKENS, **optional):
+    text, chat = case
+    return generate_inputs(text, max_tokens, stream=stream, apply_chat_template=chat, **optional)
+
+
+def run(url: str, requests: dict, connections: int = 1) -> dict:
+    """request id -> inputs, spread over `connections` gRPC streams, all in flight at once;
+    returns request id -> (chunk texts, finish_reason, prompt_tokens, completion_tokens)."""
+    streams = [Streams(url) for _ in range(connections)]
+    try:
+        placed = {}
+        for i, (request_id, inputs) in enumerate(requests.items()):
+            placed[request_id] = streams[i % connections]
+            placed[request_id].send(request_id, inputs)
+        for request_id, stream in placed.items():
+            stream.wait([request_id])
+        return {request_id: (stream.texts(request_id), stream.last(request_id, "finish_reason").decode(),
+                             int(stream.last(request_id, "prompt_tokens")),
+                             int(stream.last(request_id, "completion_tokens")))
+                for request_id, stream in placed.items()}
+    finally:
+        for stream in streams:
+            assert not stream.errors, stream.errors
+            stream.close()
+
+
+def test_greedy_text_equals_transformers_generate(server, references):
+    results = run(server.grpc_url, {str(i): case_inputs(case, stream=False) for i, case in enumerate(CASES)})
+    finish_reasons = set()
+    for i, (ids, (text, finish_reason, completion_tokens)) in enumerate(references):
+        chunks, got_reason, prompt_tokens, got_tokens = results[str(i)]
+        assert chunks == [text], CASES[i]
+        assert (got_reason, prompt_tokens, got_tokens) == (finish_reason, len(ids), completion_tokens), CASES[i]
+        finish_reasons.add(got_reason)
+    assert finish_reasons == {"stop", "length"}  # the cases cover EOS and max_tokens
+
+
+def test_streamed_chunks_join_to_the_whole_text(server, references):
+    results = run(server.grpc_url, {str(i): case_inputs(case, stream=True) for i, case in enumerate(CASES)})
+    for i, (ids, (text, finish_reason, completion_tokens)) in enumerate(references):
+        chunks, got_reason, _, got_tokens = results[str(i)]
+        assert "".join(chunks) == text and (got_reason, got_tokens) == (finish_reason, completion_tokens), CASES[i]
+        # stream_interval 1: a response per token, plus an empty final one when EOS ended it.
+        assert len(chunks) == completion_tokens + (finish_reason == "stop"), CASES[i]
+
+
+def test_http_generate_and_generate_stream(server, references):
+    for case, (ids, (text, finish_reason, completion_tokens)) in list(zip(CASES, references))[:3]:
+        body = {"text_input": case[0], "max_tokens": MAX_TOKENS, "apply_chat_template": case[1]}
+        status, whole = post(f"http://{server.http_url}/v2/models/generate/generate", body)
+        assert status == 200, whole
+        whole = json.loads(whole)
+        assert (whole["text_output"], whole["finish_reason"], whole["completion_tokens"]) == (
+            text, finish_reason, completion_tokens)
+        status, stream = post(f"http://{server.http_url}/v2/models/generate/generate_stream", {**body, "stream": True})
+        events = sse_events(stream)
+        assert status == 200 and len(events) >= completion_tokens, stream
+        assert "".join(e["text_output"] for e in events) == text
+        assert [e["finish_reason"] for e in events] == [""] * (len(events) - 1) + [finish_reason]
+
+
+def test_stop_words_end_the_text_before_them(server, references):
+    ids, (text, _, _) = references[0]
+    generated = tokenizer()(text, add_special_tokens=False).input_ids
+    # A generated token whose text encodes back to itself alone, so the stop word's ids are
+    # the ids the model generates.
+    token = next(t for p, t in enumerate(generated) if p >= 2 and
+                 tokenizer()(tokenizer().decode([t]), add_special_tokens=False).input_ids == [t])
+    stop_word = tokenizer().decode([token])
+    results = run(server.grpc_url, {
+        "stream": case_inputs(CASES[0], stream=True, stop_words=[stop_word, "never generated \u2603"]),
+        "whole": case_inputs(CASES[0], stream=False, stop_words=[stop_word]),
+    })
+    prefix = tokenizer().decode(generated[: generated.index(token)])
+    for name in ("stream", "whole"):
+        chunks, finish_reason, _, completion_tokens = results[name]
+        assert ("".join(chunks), finish_reason) == (prefix, "stop"), name
+        assert completion_tokens == generated.index(token)
+
+
+BAD_REQUESTS = [
+    ({"text_input": ""}, "text_input", "is empty"),
+    ({"max_tokens": 0}, "max_tokens", "outside 1.."),
+    ({"max_tokens": -5}, "max_tokens", "outside 1.."),
+    ({"max_tokens": 9000}, "max_tokens", "outside 1.."),
+    ({"text_input": "hello " * 8200}, "text_input", "at most 8191"),
+    ({"temperature": -0.5}, "temperature", ">= 0"),
+    ({"top_p": 0.0}, "top_p", "(0, 1]"),
+    ({"top_p": 1.5}, "top_p", "(0, 1]"),
+    ({"top_k": -1}, "top_k", ">= 0"),
+    ({"stop_words": ["ok", ""]}, "stop_words[1]", "is empty"),
+    ({"stop_words": [f"w{i}" for i in range(17)]}, "stop_words", "limit of 16"),
+]
+
+
+def test_bad_inputs_are_rejected_by_name_and_others_go_on(server, references):
+    ids, (text, finish_reason, _) = references[1]
+    good = Streams(server.grpc_url)
+    good.send("good", case_inputs(CASES[1], stream=True))
+    try:
+        for fields, field, limit in BAD_REQUESTS:
+            body = {"text_input": "The sky is", "max_tokens": 8, **fields}
+            status, reply = post(f"http://{server.http_url}/v2/models/generate/generate", body)
+            assert status == 400, (fields, reply)  # Triton's HTTP status for INVALID_ARG
+            assert f"{field}:" in reply and limit in reply, (fields, reply)
+        # Invalid UTF-8 cannot travel in JSON: over gRPC.
+        message = single_error(server.grpc_url, generate_inputs("The sky is", 8, stop_words=[b"ok", b"\xff\xfe"]))
+        assert "stop_words[1]" in message and "UTF-8" in message
+        good.wait(["good"])
+        assert "".join(good.texts("good")) == text and good.last("good", "finish_reason").decode() == finish_reason
+        assert not good.errors
+    finally:
+        good.close()
+    assert server.is_ready()
+
+
+def test_64_concurrent_streams_join_to_the_non_streamed_text(dp_server):
+    requests = {f"r{i}": (PROMPTS[i % len(PROMPTS)], 6 + i % 7) for i in range(64)}
+    whole = run(dp_server.grpc_url, {rid: generate_inputs(text, n, stream=False)
+                                     for rid, (text, n) in requests.items()}, connections=8)
+    streamed = run(dp_server.grpc_url, {rid: generate_inputs(text, n, stream=True)
+                                        for rid, (text, n) in requests.items()}, connections=8)
+    for rid in requests:
+        assert "".join(streamed[rid][0]) == whole[rid][0][0], rid
+        assert streamed[rid][1:] == whole[rid][1:], rid
+    ranks = metric_values(dp_server.metrics(), "tritonfront_llm_outstanding_tokens")
+    assert {"llm/0", "llm/1"} <= set(ranks)
+
+
+def test_cancelled_stream_stops_generating_others_finish(dp_server):
+    """A stream to the llm model cancelled by its client leaves the engine within a step. (Through
+    the ensemble Triton cancels only the steps it has not started yet, so an llm request already
+    generating never learns of it: core's ensemble scheduler calls Cancel() on new step requests
+    only.)"""
+    def cancelled_total():
+        values = metric_values(dp_server.metrics(), "tritonfront_llm_cancelled_requests_total")
+        return sum(v for k, v in values.items() if k.startswith("llm/"))
+
+    before = cancelled_total()
+    long, others = Streams(dp_server.grpc_url, model="llm", final_output="is_final"), Streams(dp_server.grpc_url)
+    counting = np.array([prompt_ids("1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", chat=False)], dtype=np.int32)
+    long.send("long", [tensor("input_ids", counting), tensor("input_lengths", counting.shape[1]),
+                       tensor("max_tokens", 2000), tensor("stream", True)])
+    for i in range(3):
+        others.send(f"o{i}", generate_inputs(PROMPTS[i], 24, stream=True))
+    deadline = time.monotonic() + 120
+    while len(long.responses["long"]) < 3:
+        assert time.monotonic() < deadline and not long.errors, long.errors
+        time.sleep(0.05)
+    long.close(cancel=True)
+    others.wait([f"o{i}" for i in range(3)])
+    assert [others.last(f"o{i}", "finish_reason") for i in range(3)] == [b"length"] * 3
+    assert [others.last(f"o{i}", "completion_tokens") for i in range(3)] == [24] * 3
+    others.close()
+    deadline = time.monotonic() + 30
+    while True:  # counted, and nothing stays active: the 2000-token request is gone
+        active = metric_values(dp_server.metrics(), "tritonfront_llm_active_sequences")
+        if cancelled_total() == before + 1 and sum(v for k, v in active.items() if k.startswith("llm/")) == 0:
+            break
+        assert time.monotonic() < deadline, (cancelled_total(), active)
+        time.sleep(0.1)
+
+
+def token_load_ratio(server, model: str, requests: int = 32, seed: int = 0) -> float:
+    """A burst of mixed prompt lengths and output lengths sent to `model` directly; returns the
+    max/min ratio of the ranks' mean outstanding tokens while work is in flight."""
+    rng = np.random.default_rng(seed)
+    samples, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            loads = metric_values(server.metrics(), "tritonfront_llm_outstanding_tokens")
+            row = [loads.get(f"{model}/0", 0.0), loads.get(f"{model}/1", 0.0)]
+            if sum(row):
+                samples.append(row)
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    streams = Streams(server.grpc_url, model=model, final_output="is_final")
+    try:
+        for i in range(requests):
+            length = int(rng.choice([8, 16, 32, 400]))
+            ids = rng.integers(100, 40000, size=(1, length)).astype(np.int32)
+            streams.send(str(i), [tensor("input_ids", ids), tensor("input_lengths", length),
+                                  tensor("max_tokens", int(rng.integers(2, 24)))])
+        streams.wait([str(i) for i in range(requests)])
+        assert not streams.errors
+    finally:
+        stop.set()
+        sampler.join()
+        streams.close()
+    means = np.array(samples).mean(axis=0)
+    return float(means.max() / means.min())
+
+
+def test_dp_ranks_stay_balanced_by_tokens(dp_server, record_property):
+    balanced = token_load_ratio(dp_server, "llm")
+    triton_default = token_load_ratio(dp_server, "llm_none")
+    record_property("token_load_max_min_ratio_balanced", balanced)
+    record_property("token_load_max_min_ratio_triton_default", triton_default)
+    print(f"per-rank outstanding tokens max/min: balancing=tokens {balanced:.2f}, balancing=none {triton_default:.2f}")
+    assert balanced <= 2.0

@@ -1,0 +1,170 @@
+"""The llm model's serving loop against a scripted engine and a recording client side."""
+import pytest
+
+from tritonfront.engines import Engine, EngineOutput, SamplingParams
+from tritonfront.generation import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerationLoop, Load
+
+EOS = 2
+
+
+class ScriptedEngine(Engine):
+    context_length, vocab_size, eos_token_ids = 100, 1000, frozenset({EOS})
+
+    def __init__(self):
+        self.added, self.cancelled, self.pending, self.broken = {}, [], [], None
+
+    def add(self, request_id, prompt_ids, params):
+        self.added[request_id] = (list(prompt_ids), params)
+
+    def cancel(self, request_id):
+        self.cancelled.append(request_id)
+
+    def outputs(self, timeout):
+        if self.broken:
+            raise self.broken
+        outputs, self.pending = self.pending, []
+        return outputs
+
+    def shutdown(self):
+        pass
+
+    def emit(self, request_id, tokens, finished=False, error=None):
+        self.pending.append(EngineOutput(request_id, tokens, finished, error))
+
+
+class Client:
+    def __init__(self):
+        self.chunks, self.errors, self.gone, self.broken_pipe = {}, {}, set(), set()
+
+    def send(self, handle, chunk):
+        if handle in self.broken_pipe:
+            raise ConnectionError("client went away")
+        self.chunks.setdefault(handle, []).append(chunk)
+
+    def fail(self, handle, error):
+        self.errors[handle] = error
+
+    def is_cancelled(self, handle):
+        return handle in self.gone
+
+
+@pytest.fixture
+def setup():
+    engine, client, loads = ScriptedEngine(), Client(), []
+    loop = GenerationLoop(engine, client, stream_interval=1, context_window=8, on_load=loads.append, poll_s=0)
+    return engine, client, loop, loads
+
+
+def submit(loop, engine, handle, prompt_tokens=5, stream=True, stop=(), **params):
+    loop.submit(handle, list(range(10, 10 + prompt_tokens)), SamplingParams(max_tokens=8, **params), stop, stream)
+    return list(engine.added)[-1]
+
+
+def test_tokens_reach_their_own_clients(setup):
+    engine, client, loop, _ = setup
+    a, b = submit(loop, engine, "a"), submit(loop, engine, "b", stream=False)
+    engine.emit(a, [100])
+    engine.emit(b, [200])
+    loop.step()
+    engine.emit(a, [101], finished=True)
+    engine.emit(b, [201], finished=True)
+    loop.step()
+    assert [c.output_ids for c in client.chunks["a"]] == [[100], [101]]
+    assert [(c.output_ids, c.finish_reason) for c in client.chunks["b"]] == [([200, 201], FINISH_LENGTH)]
+    assert engine.cancelled == []
+    assert loop.load() == Load(0, 0, 0, 0)
+
+
+def test_stop_word_ends_the_request_in_the_engine_too(setup):
+    engine, client, loop, _ = setup
+    a = submit(loop, engine, "a", stop=[[300, 301]])
+    engine.emit(a, [100, 300])
+    loop.step()
+    engine.emit(a, [301])
+    loop.step()
+    engine.emit(a, [400])  # what the engine's last step still produced is ignored
+    loop.step()
+    assert [(c.output_ids, c.finish_reason) for c in client.chunks["a"]] == [([100], ""), ([], FINISH_STOP)]
+    assert engine.cancelled == [a]
+
+
+def test_end_id_finishes_like_eos(setup):
+    engine, client, loop, _ = setup
+    a = submit(loop, engine, "a", end_id=77)
+    engine.emit(a, [100, 77])
+    loop.step()
+    assert [(c.output_ids, c.finish_reason) for c in client.chunks["a"]] == [([100], FINISH_STOP)]
+    assert engine.cancelled == [a]  # the engine was asked to stop at 77 too, but need not have
+
+
+def test_cancelled_client_is_dropped_within_a_step_and_counted(setup):
+    engine, client, loop, loads = setup
+    a, b = submit(loop, engine, "a"), submit(loop, engine, "b")
+    engine.emit(a, [100])
+    engine.emit(b, [200])
+    loop.step()
+    client.gone.add("a")
+    engine.emit(b, [201])
+    loop.step()
+    assert engine.cancelled == [a]
+    assert client.chunks["a"][-1].final and client.chunks["a"][-1].finish_reason == FINISH_CANCELLED
+    assert loads[-1] == Load(outstanding_tokens=5 + 2, waiting_requests=0, active_sequences=1, cancelled_requests=1)
+    engine.emit(b, [202], finished=True)
+    loop.step()
+    assert [c.output_ids for c in client.chunks["b"]] == [[200], [201], [202]]
+
+
+def test_load_counts_prompt_and_generated_tokens(setup):
+    engine, client, loop, loads = setup
+    a = submit(loop, engine, "a", prompt_tokens=5)
+    submit(loop, engine, "b", prompt_tokens=7)
+    assert loads[-1] == Load(12, 2, 2, 0)  # published at submit, before any engine step
+    engine.emit(a, [100, 101, 102])
+    loop.step()
+    assert loads[-1] == Load(15, 1, 2, 0)
+
+
+def test_unreachable_client_is_cancelled_others_go_on(setup):
+    engine, client, loop, _ = setup
+    a, b = submit(loop, engine, "a"), submit(loop, engine, "b")
+    client.broken_pipe.add("a")
+    engine.emit(a, [100])
+    engine.emit(b, [200])
+    loop.step()
+    assert engine.cancelled == [a]
+    assert [c.output_ids for c in client.chunks["b"]] == [[200]]
+    assert loop.load().active_sequences == 1
+
+
+def test_engine_errors_fail_requests(setup):
+    engine, client, loop, _ = setup
+    a = submit(loop, engine, "a")
+    submit(loop, engine, "b")
+    engine.emit(a, [], finished=True, error="out of memory")
+    loop.step()
+    assert "out of memory" in str(client.errors["a"])
+    engine.broken = RuntimeError("generation thread died")
+    loop.step()
+    assert "generation thread died" in str(client.errors["b"])
+    assert loop.load() == Load(0, 0, 0, 0)
+
+
+def test_a_request_the_engine_refuses_is_not_kept(setup):
+    engine, client, loop, _ = setup
+
+    def refuse(*args):
+        raise RuntimeError("not accepting requests")
+
+    engine.add = refuse
+    with pytest.raises(RuntimeError):
+        submit(loop, engine, "a")
+    assert loop.load() == Load(0, 0, 0, 0)
+
+
+def test_a_waiting_request_is_cancelled_without_engine_output(setup):
+    engine, client, loop, _ = setup
+    a = submit(loop, engine, "a")
+    client.gone.add("a")
+    loop.step()  # the engine is still prefilling: no output, yet the check runs
+    assert engine.cancelled == [a]
+    assert client.chunks["a"][-1].finish_reason == FINISH_CANCELLED

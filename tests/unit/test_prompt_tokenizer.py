@@ -1,0 +1,53 @@
+"""The llm_tokenizer's batch encode against transformers' own calls, and its input errors."""
+import pytest
+
+from tritonfront import model_sources
+from tritonfront.errors import InvalidInput
+from tritonfront.tokenization import MAX_STOP_WORDS, PromptRequest, PromptTokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    from transformers import AutoTokenizer
+
+    folder = model_sources.llm_model_dir()
+    return PromptTokenizer.from_folder(folder), AutoTokenizer.from_pretrained(folder)
+
+
+def test_one_batch_matches_transformers(tokenizers):
+    ours, reference = tokenizers
+    requests = [PromptRequest("The capital of France is"),
+                PromptRequest("What is 2+2?", chat=True, stop_words=["\n", " Paris", "<|im_end|>"]),
+                PromptRequest("héllo wörld ✓", stop_words=["wörld"]),
+                PromptRequest("Tell me a story", chat=True)]
+    results = ours.encode_prompts(requests)
+    for request, result in zip(requests, results):
+        if request.chat:
+            expected = reference.apply_chat_template([{"role": "user", "content": request.text}],
+                                                     add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)["input_ids"]
+        else:
+            expected = reference(request.text).input_ids
+        assert result.input_ids.tolist() == [expected]
+        assert result.input_lengths.tolist() == [[len(expected)]]
+        words = [reference(w, add_special_tokens=False).input_ids for w in request.stop_words]
+        rows = result.stop_words_ids[0].tolist()
+        assert result.stop_words_ids.shape[0] == 1
+        if words:
+            assert [[t for t in row if t != -1] for row in rows] == words
+        else:
+            assert rows == [[-1]]
+
+
+@pytest.mark.parametrize("request_, field, limit", [
+    (PromptRequest(""), "text_input", "is empty"),
+    (PromptRequest("hi", stop_words=["ok", ""]), "stop_words[1]", "is empty"),
+    (PromptRequest("hi", stop_words=["w"] * (MAX_STOP_WORDS + 1)), "stop_words", f"limit of {MAX_STOP_WORDS}"),
+    (PromptRequest("hello " * 8200), "text_input", "at most 8191"),
+    (PromptRequest("x" * 70000), "text_input[0]", "65536 bytes"),
+])
+def test_bad_prompts_are_named_and_do_not_spoil_the_batch(tokenizers, request_, field, limit):
+    ours, _ = tokenizers
+    good, bad = ours.encode_prompts([PromptRequest("fine"), request_])
+    assert good.input_ids.size > 0
+    assert isinstance(bad, InvalidInput) and bad.field == field and limit in str(bad)
