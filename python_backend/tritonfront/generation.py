@@ -5,7 +5,12 @@ the engine's new tokens, turns them into chunks per request (EOS and end_id, sto
 max_tokens, stream_interval), sends them, and polls client cancellation between engine steps,
 so a cancelled request leaves the batch (and frees its KV cache) within one step. Sending and
 the cancellation check are a Responder's job, so this runs and is tested without Triton.
+
+`hand_over` is the other receive path, kept as the baseline that perf/bench_receive_path.py
+measures the committed one against: the loop thread itself parses and validates each request
+between steps, as engines whose scheduler loop receives requests do.
 """
+import collections
 import itertools
 import logging
 import threading
@@ -132,7 +137,7 @@ class _Live:
 class GenerationLoop:
     def __init__(self, engine: Engine, responder: Responder, stream_interval: int = 1, context_window: int = 0,
                  on_load: Callable[[Load], None] = lambda load: None, poll_s: float = 0.02,
-                 idle_cancel_check_s: float = 0.1):
+                 idle_cancel_check_s: float = 0.1, on_step: Optional[Callable[[float], None]] = None):
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self.engine = engine
@@ -142,6 +147,10 @@ class GenerationLoop:
         self.on_load = on_load
         self.poll_s = poll_s  # longest wait for engine output
         self.idle_cancel_check_s = idle_cancel_check_s
+        # Gets the seconds of each turn's work once the engine's outputs are in hand (turns with
+        # nothing to do are not counted); None: the clock is not even read.
+        self.on_step = on_step
+        self._handed_over: collections.deque = collections.deque()
         self._cancellations_checked = 0.0
         self._live: dict[str, _Live] = {}
         self._cancelled = 0
@@ -170,6 +179,11 @@ class GenerationLoop:
                 raise
         self.publish_load()
 
+    def hand_over(self, handle: Any, prepare: Callable[[], dict]) -> None:
+        """Queues a request for the loop thread, which calls `prepare` (it parses and validates,
+        and returns submit()'s keyword arguments or raises) and submits it at its next turn."""
+        self._handed_over.append((handle, prepare))
+
     def load(self) -> Load:
         with self._lock:
             completions = [live.completion for live in self._live.values()]
@@ -191,7 +205,8 @@ class GenerationLoop:
             self.step()
 
     def step(self) -> None:
-        """One turn of the loop: the engine's new tokens out to their clients, then cancellations."""
+        """One turn of the loop: requests handed over into the engine, the engine's new tokens out to
+        their clients, then cancellations."""
         try:
             outputs = self.engine.outputs(self.poll_s)
         except Exception as error:  # the engine cannot generate: no request may wait forever
@@ -199,6 +214,8 @@ class GenerationLoop:
             self._fail_all(error)
             self._stopping.wait(self.poll_s)
             return
+        started = time.perf_counter() if self.on_step is not None else 0.0
+        prepared = self._prepare_handed_over()
         for output in outputs:
             self._deliver(output)
         # Once per engine step (a step's outputs arrive together), and now and then while
@@ -208,6 +225,19 @@ class GenerationLoop:
             self._cancellations_checked = now
             self._check_cancellations()
         self.publish_load()
+        if self.on_step is not None and (outputs or prepared):
+            self.on_step(time.perf_counter() - started)
+
+    def _prepare_handed_over(self) -> int:
+        count = 0
+        while self._handed_over:
+            handle, prepare = self._handed_over.popleft()
+            count += 1
+            try:
+                self.submit(handle, **prepare())
+            except Exception as error:  # InvalidInput, or an engine that stopped taking requests
+                self._fail(handle, error)
+        return count
 
     def _deliver(self, output: EngineOutput) -> None:
         with self._lock:
@@ -216,7 +246,7 @@ class GenerationLoop:
             return
         if output.error:
             self._retire(output.request_id, cancel_engine=False)
-            self._fail(live, RuntimeError(output.error))
+            self._fail(live.handle, RuntimeError(output.error))
             return
         chunks = live.completion.on_tokens(output.token_ids, output.finished, output.finish_reason)
         if live.completion.finished:
@@ -246,9 +276,11 @@ class GenerationLoop:
 
     def _fail_all(self, error: Exception) -> None:
         with self._lock:
-            lost, self._live = list(self._live.values()), {}
-        for live in lost:
-            self._fail(live, error)
+            lost, self._live = [live.handle for live in self._live.values()], {}
+        while self._handed_over:
+            lost.append(self._handed_over.popleft()[0])
+        for handle in lost:
+            self._fail(handle, error)
 
     # A client that went away must not stop the loop serving the others: responder errors are
     # logged, and a request whose client cannot be reached is treated as cancelled.
@@ -260,9 +292,9 @@ class GenerationLoop:
             logger.exception("sending a response failed")
             return False
 
-    def _fail(self, live: _Live, error: Exception) -> None:
+    def _fail(self, handle: Any, error: Exception) -> None:
         try:
-            self.responder.fail(live.handle, error)
+            self.responder.fail(handle, error)
         except Exception:
             logger.exception("sending an error response failed")
 

@@ -176,15 +176,22 @@ def write_deployment(out: Path, *configure_args: str, unbalanced_copy: bool = Fa
         if model.name not in GENERATE_MODELS:
             shutil.rmtree(model)
     if unbalanced_copy:
-        from google.protobuf import text_format
-        from tritonclient.grpc import model_config_pb2
-
-        source = out / "model_repository" / "llm"
-        config = text_format.Parse((source / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
-        config.name = "llm_none"
-        config.parameters["balancing"].string_value = "none"
-        target = out / "model_repository" / "llm_none"
-        target.mkdir()
-        (target / "config.pbtxt").write_text(text_format.MessageToString(config))
-        (target / "1").symlink_to((source / "1").resolve())
+        copy_model(out, "llm", "llm_none", balancing="none")
     return [out / "model_repository", out / "ensembles"]
+
+
+def copy_model(out: Path, source: str, name: str, **parameters: str) -> None:
+    """A second model `name` in a deployment's model_repository: `source`'s config with these
+    parameters changed and the same code, so two variants can be compared in one server."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    source_dir = out / "model_repository" / source
+    config = text_format.Parse((source_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    config.name = name
+    for key, value in parameters.items():
+        config.parameters[key].string_value = value
+    target = out / "model_repository" / name
+    target.mkdir()
+    (target / "config.pbtxt").write_text(text_format.MessageToString(config))
+    (target / "1").symlink_to((source_dir / "1").resolve())

@@ -1,0 +1,1 @@
+../../../../model_repository/tokenizer/1/model.py
