@@ -98,12 +98,14 @@ def main() -> None:
     st = sentence_transformer()
     factory = loadgen.text_inputs(texts)
     concurrency = [int(c) for c in args.concurrency.split(",")]
-    ceilings, rounds = [], []
+    ceilings, ceiling_others, rounds = [], [], []
     reference = st.encode(texts[:16], batch_size=32, convert_to_numpy=True)
 
     def ceiling():
-        rate = in_process_ceiling(st, texts, args.ceiling_seconds)
+        with serving.other_work() as others:
+            rate = in_process_ceiling(st, texts, args.ceiling_seconds)
         ceilings.append(rate)
+        ceiling_others.append(others["cores"])
         print(f"in-process ceiling: {rate:.1f} texts/s", flush=True)
 
     with serving.benchmark_server("bench_embed", [*COMPOSING, MODEL]) as server:
@@ -126,15 +128,16 @@ def main() -> None:
     table, ratios = [], []
     for i, results in enumerate(rounds):
         bracket = (ceilings[i] + ceilings[i + 1]) / 2
-        table.append([f"round {i + 1}: in-process", "-", ceilings[i]] + ["-"] * 6)
+        table.append([f"round {i + 1}: in-process", "-", ceilings[i]] + ["-"] * 5 + [ceiling_others[i], "-"])
         for r in results:
             sv = r.server
             table.append([f"round {i + 1}: Triton `embed`", r.concurrency, r.achieved_rps, r.p50_ms, r.p99_ms,
                           " / ".join(f"{sv[m]['mean_batch']:.1f}" for m in COMPOSING),
                           " / ".join(f"{sv[m]['compute_ms_per_execution']:.0f}" for m in COMPOSING),
-                          f"{r.client_cpu:.2f} / {sv['server_cpu']:.2f}", f"{r.achieved_rps / bracket:.0%}"])
+                          f"{r.client_cpu:.2f} / {sv['server_cpu']:.2f}", sv["other_cpu"],
+                          f"{r.achieved_rps / bracket:.0%}"])
         ratios.append(max(r.achieved_rps for r in results) / bracket)
-    table.append(["in-process", "-", ceilings[-1]] + ["-"] * 6)
+    table.append(["in-process", "-", ceilings[-1]] + ["-"] * 5 + [ceiling_others[-1], "-"])
     all_results = [r for results in rounds for r in results]
 
     rep.add(f"{len(texts)} distinct texts of ~{args.tokens} tokens, one text per gRPC request to the `embed` ensemble "
@@ -145,7 +148,7 @@ def main() -> None:
             f"sentence-transformers on 16 texts: max |diff| = {max_diff:.2e}.\n")
     rep.add(report.table(["step (in run order)", "concurrency", "texts/s", "P50 ms", "P99 ms",
                           "texts/execute tok / enc / pool", "ms/execute tok / enc / pool",
-                          "CPU cores client / server", "of ceiling"], table))
+                          "CPU cores client / server", "other work CPU (cores)", "of ceiling"], table))
     rep.add(report.table(["server resident memory (tritonserver + stubs)", "MiB"], [
         ["idle, after start", round(rss_idle_cold / mib)],
         ["under load, mean", round(statistics.mean(sampler.samples) / mib) if sampler.samples else "-"],

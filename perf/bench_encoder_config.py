@@ -58,8 +58,10 @@ async def rounds(url: str, factory, models: list[str], concurrency: int, duratio
             await asyncio.gather(*(client.infer(model, factory(i)) for i in range(64)))
         for k in range(count):
             for model in (models if k % 2 == 0 else models[::-1]):
-                r = await loadgen.run_concurrency(client, model, factory, concurrency, duration)
-                print(r.row(), flush=True)
+                with serving.other_work() as others:
+                    r = await loadgen.run_concurrency(client, model, factory, concurrency, duration)
+                r.server["other_cpu"] = others["cores"]
+                print(r.row(), f"other work {others['cores']:.2f} cores", flush=True)
                 results[model].append(r)
     return results
 
@@ -92,9 +94,10 @@ def main() -> None:
         tag = model.removeprefix("embed_")
         rows.append([tag + (" (committed)" if tag == committed_variant() else ""), statistics.median(rates), min(rates), max(rates),
                      " ".join(f"{x:.1f}" for x in rates), statistics.median(r.p50_ms for r in runs),
-                     statistics.median(r.p99_ms for r in runs)])
+                     statistics.median(r.p99_ms for r in runs),
+                     " ".join(f"{r.server['other_cpu']:.2f}" for r in runs)])
     rep.add(report.table(["variant", "median texts/s", "min", "max", "per round (run order)", "median P50 ms",
-                          "median P99 ms"], rows))
+                          "median P99 ms", "other work CPU per round (cores)"], rows))
     base = statistics.median(r.achieved_rps for r in results[models[0]])
     rep.add("Median texts/s relative to " + rows[0][0] + ": " + ", ".join(
         f"{row[0]} {row[1] / base:.2f}x" for row in rows[1:]) + "\n")

@@ -18,6 +18,7 @@ timestamps and outputs), computed the same way. Report only, no target.
 import argparse
 import asyncio
 import json
+import time
 
 import numpy as np
 
@@ -44,12 +45,13 @@ async def sweep(url: str, texts: list[str], max_tokens: int, levels: list[int], 
     await stream_load.open_loop(url, MODEL, warm, 100.0, connections=2, reader=stream_load.read_generate())
     results = []
     for c in levels:
-        finish = observe()
+        finish, cpu = observe(), time.process_time()
         records, seconds = await stream_load.closed_loop(url, MODEL, lambda i: requests[i % len(requests)], c, duration,
                                                          reader=stream_load.read_generate())
         s = stream_load.summary(records)
         s.update(concurrency=c, seconds=seconds, tokens_per_s=s["tokens"] / seconds, requests_per_s=s["ok"] / seconds,
-                 tokens_per_request=s["tokens"] / max(1, s["ok"]), server=finish())
+                 tokens_per_request=s["tokens"] / max(1, s["ok"]), server=finish(),
+                 client_cpu=(time.process_time() - cpu) / seconds)
         results.append(s)
         print(f"c={c:3d} ok {s['ok']:4d} failed {s['failed']}  ttft mean {s['ttft_mean']:7.0f} p50 {s['ttft_p50']:7.0f} "
               f"p99 {s['ttft_p99']:7.0f} ms  itl mean {s['itl_mean']:6.1f} p99 {s['itl_p99']:6.1f} ms  "
@@ -159,22 +161,24 @@ def main() -> None:
                      r["itl_mean"], r["itl_p50"], r["itl_p99"], r["tokens_per_s"], r["requests_per_s"],
                      r["tokens_per_request"],
                      " / ".join(f"{sv[m]['mean_batch']:.1f}" for m in ("llm_tokenizer", "detokenizer")),
-                     sv["server_cpu"]])
+                     f"{sv['server_cpu']:.2f} / {r['client_cpu']:.2f}"])
     rep.add(report.table(["streams", "ok", "TTFT mean ms", "TTFT P50 ms", "TTFT P99 ms", "ITL mean ms", "ITL P50 ms",
                           "ITL P99 ms", "output tok/s", "requests/s", "tokens/request",
-                          "requests/execute llm_tokenizer / detokenizer", "server CPU (cores)"], rows))
+                          "requests/execute llm_tokenizer / detokenizer", "CPU cores server / client"], rows))
     if pa_stats:
         rep.add("perf_analyzer `-i grpc --streaming --concurrency-range=C --measurement-mode=count_windows "
                 "--profile-export-file=...` (commands and console output: perf/results/perf_analyzer_generate_c*.txt); "
-                "TTFT/ITL computed from the export. Its own latency is shown as reported: it prints \"Detected decoupled "
-                "model, using the first response for measuring latency\", yet its number is close to the time to "
-                "the final response, not the first:\n\n" +
+                "TTFT/ITL computed from the export; its own columns as it reports them (response throughput: responses/s, "
+                "one per token here; p50 latency: it prints \"Detected decoupled model, using the first response for "
+                "measuring latency\", but compare with the TTFT column):\n\n" +
                 report.table(["streams", "requests", "TTFT mean ms", "TTFT P50 ms", "TTFT P99 ms", "ITL mean ms",
-                              "ITL P99 ms", "output tok/s", "PA avg latency ms (as reported)"],
+                              "ITL P99 ms", "output tok/s", "PA response throughput /s", "PA p50 latency ms"],
                              [[p["concurrency"], p["requests"], p["ttft_mean"], p["ttft_p50"], p["ttft_p99"],
                                p["itl_mean"], p["itl_p99"], p["tokens_per_s"],
-                               next((row.get("Avg latency", float("nan")) / 1000 for row in pa_rows
-                                     if row.get("Concurrency") == p["concurrency"]), float("nan"))]
+                               *next(([row.get("Response Throughput", float("nan")),
+                                       row.get("p50 latency", float("nan")) / 1000]
+                                      for row in pa_rows if row.get("Concurrency") == p["concurrency"]),
+                                     [float("nan")] * 2)]
                               for p in pa_stats]))
     elif args.pa_concurrency:
         rep.add("perf_analyzer gave no results: see perf/results/perf_analyzer_generate_c*.txt.")

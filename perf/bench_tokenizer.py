@@ -107,10 +107,10 @@ def main() -> None:
         rows.append([r.model, r.target_rps, r.achieved_rps, f"{r.successful}/{r.total}", r.failed, r.avg_ms, r.p50_ms,
                      r.p90_ms, r.p99_ms, sv.get("mean_batch", math.nan), sv.get("queue_ms_per_request", math.nan),
                      sv.get("compute_ms_per_execution", math.nan), sv.get("server_cpu", math.nan), r.client_cpu,
-                     "yes" if loadgen.saturated(r) else ""])
+                     sv.get("other_cpu", math.nan), "yes" if loadgen.saturated(r) else ""])
     rep.add(report.table(["model", "offered rps", "achieved rps", "ok/total", "failed", "avg ms", "P50 ms", "P90 ms",
                           "P99 ms", "texts/execute", "queue ms/req", "compute ms/execute", "server CPU (cores)",
-                          "loadgen CPU (cores)", "saturated"], rows))
+                          "loadgen CPU (cores)", "other work CPU (cores)", "saturated"], rows))
     sat = s["saturation_rps"]
     lines = ["## Summary", ""]
     if sat is None:

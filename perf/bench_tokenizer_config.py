@@ -52,9 +52,9 @@ def main() -> None:
             "rate and variant, variants interleaved (order reversed every rate). One tritonserver, 1 instance "
             "each, identical but for max_queue_delay_microseconds.\n")
     rows = [[r.model.removeprefix("tokenizer_delay") + " us", r.target_rps, r.achieved_rps, r.p50_ms, r.p90_ms,
-             r.p99_ms, r.server.get("mean_batch", float("nan")), r.failed] for r in sorted(results, key=lambda r: (r.target_rps, r.model))]
+             r.p99_ms, r.server.get("mean_batch", float("nan")), r.failed, r.server.get("other_cpu", float("nan"))] for r in sorted(results, key=lambda r: (r.target_rps, r.model))]
     rep.add(report.table(["queue delay", "offered rps", "achieved rps", "P50 ms", "P90 ms", "P99 ms", "texts/execute",
-                          "failed"], rows))
+                          "failed", "other work CPU (cores)"], rows))
     fig, (ax1, ax2) = report.plt.subplots(1, 2, figsize=(11, 4))
     for model in models:
         rows = sorted((r for r in results if r.model == model), key=lambda r: r.target_rps)

@@ -141,3 +141,16 @@ def histogram_quantile(h: dict, q: float) -> float:
     below = h["cumulative"][i - 1] if i > 0 else 0.0
     inside = h["cumulative"][i] - below
     return float(lower + (h["le"][i] - lower) * ((rank - below) / inside if inside else 1.0))
+
+
+def model_cpu_seconds(server, model: str) -> float:
+    """CPU seconds of the Python stubs (one per instance) of one model of the server."""
+    total = 0.0
+    for process in serving.server_processes(server):
+        try:
+            if f"/{model}/1/model.py" in " ".join(process.cmdline()):
+                times = process.cpu_times()
+                total += times.user + times.system
+        except serving.psutil.Error:
+            continue
+    return total

@@ -11,31 +11,14 @@ import time
 from pathlib import Path
 
 import matplotlib
-import psutil
+
+from serving import machine_busy_seconds, own_cpu_seconds
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "perf" / "results"
-
-
-def _busy_seconds() -> float:
-    t = psutil.cpu_times()
-    return t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0)
-
-
-def _own_cpu() -> dict[int, float]:
-    """CPU seconds of this process and all its descendants, by pid."""
-    me = psutil.Process()
-    out = {}
-    for process in [me, *me.children(recursive=True)]:
-        try:
-            times = process.cpu_times()
-        except psutil.Error:
-            continue
-        out[process.pid] = times.user + times.system
-    return out
 
 
 def cpu_model() -> str:
@@ -92,24 +75,20 @@ class Report:
         # the CPU that processes other than this benchmark's (itself, its server and stubs, its
         # perf_analyzer) used, from the machine's busy time minus theirs.
         self.loads: list[float] = []
-        self._own: dict[int, float] = {}
-        self._busy_start, self._wall_start = _busy_seconds(), time.monotonic()
-        self._own_start = _own_cpu()
+        self._busy_start, self._own_start, self._wall_start = (machine_busy_seconds(), own_cpu_seconds(),
+                                                               time.monotonic())
         self._stop = threading.Event()
-        threading.Thread(target=self._sample, daemon=True).start()
+        threading.Thread(target=self._sample_load, daemon=True).start()
 
-    def _sample(self) -> None:
+    def _sample_load(self) -> None:
         while True:
             self.loads.append(os.getloadavg()[0])
-            for pid, seconds in _own_cpu().items():
-                self._own[pid] = max(self._own.get(pid, 0.0), seconds)
-            if self._stop.wait(2):
+            if self._stop.wait(5):
                 return
 
     def other_work_cores(self) -> float:
-        wall = time.monotonic() - self._wall_start
-        own = sum(seconds - self._own_start.get(pid, 0.0) for pid, seconds in self._own.items())
-        return max(0.0, (_busy_seconds() - self._busy_start - own) / wall)
+        others = machine_busy_seconds() - self._busy_start - (own_cpu_seconds() - self._own_start)
+        return max(0.0, others / (time.monotonic() - self._wall_start))
 
     def add(self, text: str) -> None:
         self.sections.append(text)
@@ -150,9 +129,9 @@ def wait_for_quiet(max_cores: float = 0.3, window_s: float = 20.0, timeout_s: fl
     sharing it has paused) or `timeout_s` passes; returns the last window's busy cores."""
     deadline = time.monotonic() + timeout_s
     while True:
-        busy, start = _busy_seconds(), time.monotonic()
+        busy, start = machine_busy_seconds(), time.monotonic()
         time.sleep(window_s)
-        cores = (_busy_seconds() - busy) / (time.monotonic() - start)
+        cores = (machine_busy_seconds() - busy) / (time.monotonic() - start)
         print(f"machine busy: {cores:.2f} cores over {window_s:g} s", flush=True)
         if cores < max_cores or time.monotonic() > deadline:
             return cores

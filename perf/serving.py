@@ -18,11 +18,24 @@ BASELINES = ROOT / "perf" / "baseline_repository"
 
 
 @contextlib.contextmanager
-def benchmark_server(name: str, models: list[str], repositories: list[Path] = COMMITTED):
+def benchmark_server(name: str, models: list[str], repositories: list[Path] = COMMITTED, attempts: int = 2):
+    """Started again once if it dies while loading: the Python backend can abort at start-up
+    (boost::interprocess::lock_exception) when the machine is overloaded."""
     RAW.mkdir(parents=True, exist_ok=True)
     extra = ("--model-control-mode=explicit", *(f"--load-model={m}" for m in models))
-    with triton_server(RAW / f"{name}.server.log", repositories, extra_args=extra) as server:
-        yield server
+    for attempt in range(1, attempts + 1):
+        stack = contextlib.ExitStack()
+        try:
+            server = stack.enter_context(triton_server(RAW / f"{name}.server.log", repositories, extra_args=extra))
+        except RuntimeError as error:
+            stack.close()
+            if attempt == attempts:
+                raise
+            print(f"tritonserver failed to start, starting it again: {str(error)[-300:]}", flush=True)
+            continue
+        with stack:
+            yield server
+        return
 
 
 def server_processes(server) -> list[psutil.Process]:
@@ -103,17 +116,28 @@ def statistics_delta(before: dict, after: dict) -> dict[str, dict]:
     return out
 
 
+def machine_busy_seconds() -> float:
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0)
+
+
 def composing_observer(server, models: list[str]):
     """observe() before a load step returns finish(), which gives each model's statistics_delta
-    over the step and the whole server's CPU use (cores busy)."""
+    over the step, the whole server's CPU use (cores busy) and `other_cpu`: the cores that work
+    other than this process and the server used meanwhile (the machine is shared)."""
     import time
 
     def observe():
-        stats, cpu, start = model_statistics(server.grpc_url, models), server_cpu_seconds(server), time.perf_counter()
+        stats = model_statistics(server.grpc_url, models)
+        cpu, own, busy, start = server_cpu_seconds(server), own_cpu_seconds(), machine_busy_seconds(), time.perf_counter()
 
         def finish() -> dict:
+            wall = time.perf_counter() - start
+            server_cpu = server_cpu_seconds(server) - cpu
+            others = machine_busy_seconds() - busy - (own_cpu_seconds() - own)
             out = statistics_delta(stats, model_statistics(server.grpc_url, models))
-            out["server_cpu"] = round((server_cpu_seconds(server) - cpu) / (time.perf_counter() - start), 3)
+            out["server_cpu"] = round(server_cpu / wall, 3)
+            out["other_cpu"] = round(max(others, 0.0) / wall, 3)
             return out
 
         return finish
@@ -129,7 +153,7 @@ def step_observer(server):
         def flat() -> dict:
             out = finish()
             return {**{k: round(v, 3) if isinstance(v, float) else v for k, v in out[model].items()},
-                    "server_cpu": out["server_cpu"]}
+                    "server_cpu": out["server_cpu"], "other_cpu": out["other_cpu"]}
 
         return flat
 
@@ -152,3 +176,31 @@ def write_variant(model: str, name: str, target: Path, replacements: list[tuple[
     (folder / "config.pbtxt").write_text(config)
     (folder / "1" / "model.py").symlink_to(ROOT / "model_repository" / model / "1" / "model.py")
     return folder
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds of this process and every process it started: live ones (the server and its
+    stubs) through psutil, finished ones (perf_analyzer, a stopped server) through the
+    children's times the kernel adds up when they are reaped."""
+    import os
+
+    t = os.times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+@contextlib.contextmanager
+def other_work():
+    """Yields a dict whose "cores" becomes, on exit, the cores that work other than this process
+    and its children used during the block: the machine is shared."""
+    import time
+
+    box: dict = {}
+    busy, own, start = machine_busy_seconds(), own_cpu_seconds(), time.perf_counter()
+    yield box
+    others = machine_busy_seconds() - busy - (own_cpu_seconds() - own)
+    box["cores"] = max(others, 0.0) / (time.perf_counter() - start)
