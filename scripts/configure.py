@@ -7,6 +7,7 @@ code is never copied.
 
     scripts/configure.py --out /tmp/deploy --dp 2 --detokenizers 4
     scripts/configure.py --out /tmp/deploy --gpus 0,1 --engine tensorrt_llm
+    scripts/configure.py --out /tmp/deploy --queue encoder=256:2000 --queue llm=128:30000
     TRITONFRONT_REPOSITORIES="/tmp/deploy/model_repository /tmp/deploy/ensembles" scripts/serve.sh
 """
 import argparse
@@ -44,6 +45,15 @@ def place_on_gpus(config, gpus: list[int], one_group_per_gpu: bool) -> None:
         config.instance_group.add(count=1, kind=kind, gpus=gpus)
 
 
+def set_queue(config, spec: str) -> None:
+    """SIZE[:TIMEOUT_MS]: the queue size and timeout of the model's default queue policy."""
+    size, _, timeout_ms = spec.partition(":")
+    policy = config.dynamic_batching.default_queue_policy
+    policy.max_queue_size = int(size)
+    if timeout_ms:
+        policy.default_timeout_microseconds = int(timeout_ms) * 1000
+
+
 def set_parameter(config, key: str, value: str) -> None:
     config.parameters[key].string_value = value
 
@@ -53,6 +63,7 @@ def configure(args) -> Path:
     counts = {"llm": args.dp, "detokenizer": args.detokenizers, "tokenizer": args.tokenizers,
               "llm_tokenizer": args.tokenizers, "encoder": args.encoders, "pooler": args.poolers}
     overrides = [item.partition("=") for item in args.set]
+    queues = dict(item.split("=", 1) for item in args.queue)
     for repository in REPOSITORIES:
         target = out / repository
         if target.exists():
@@ -67,6 +78,8 @@ def configure(args) -> Path:
                 set_count(config, counts[name])
             if args.gpus and name in GPU_MODELS:
                 place_on_gpus(config, args.gpus, one_group_per_gpu=name == "llm")
+            if name in queues:
+                set_queue(config, queues[name])
             if args.engine and name == "llm":
                 set_parameter(config, "engine", args.engine)
             for key, _, value in overrides:
@@ -96,6 +109,10 @@ def main(argv=None) -> None:
     parser.add_argument("--poolers", type=int, help="pooler instance count")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.PARAM=VALUE",
                         help="override a config.pbtxt parameter, e.g. llm.balancing=none")
+    parser.add_argument("--queue", action="append", default=[], metavar="MODEL=SIZE[:TIMEOUT_MS]",
+                        help="queue policy: requests beyond SIZE are rejected at once, and one waiting "
+                             "longer than TIMEOUT_MS is rejected; size it from the measured capacity "
+                             "(perf/bench_overload.py) times the longest acceptable wait")
     args = parser.parse_args(argv)
     if args.gpus and args.dp:
         parser.error("--dp is the number of GPUs when --gpus is given")

@@ -9,8 +9,6 @@ requests to the less-loaded instances, and waiting requests stay in Triton's own
 its queue policies, priorities and metrics keep working.
 """
 import json
-import os
-import re
 import time
 from pathlib import Path
 from typing import Optional
@@ -18,10 +16,10 @@ from typing import Optional
 import numpy as np
 
 from .generation import Load
+from .shared_tables import DEFAULT_DIRECTORY, open_rows, remove_stale_tables, table_path
 
 FIELDS = ("outstanding_tokens", "waiting_requests", "active_sequences", "heartbeat_ns")
 OUTSTANDING, WAITING, ACTIVE, HEARTBEAT = range(len(FIELDS))
-DEFAULT_DIRECTORY = Path("/dev/shm")
 BALANCING_MODES = ("tokens", "none")
 
 
@@ -43,29 +41,6 @@ def instance_rank(args: dict) -> tuple[int, int]:
     return rank, ranks
 
 
-def table_path(model_name: str, server_pid: int, directory: Path = DEFAULT_DIRECTORY) -> Path:
-    """One table per model per tritonserver process, so two servers never share one."""
-    return directory / f"tritonfront-{re.sub(r'[^A-Za-z0-9_.]', '_', model_name)}-{server_pid}.load"
-
-
-def remove_stale_tables(directory: Path = DEFAULT_DIRECTORY) -> None:
-    """Tables of servers that are gone (their pid ends the name)."""
-    for path in directory.glob("tritonfront-*.load"):
-        pid = path.stem.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _process_exists(int(pid)):
-            path.unlink(missing_ok=True)
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class LoadTable:
     """[ranks, FIELDS] int64 in a shared file. A rank whose heartbeat is older than `stale_s`
     (not started yet, or gone) is ignored, so no rank waits for one that takes no work."""
@@ -75,15 +50,7 @@ class LoadTable:
             raise ValueError(f"rank {rank} is outside 0..{ranks - 1}")
         self.path, self.rank, self.ranks = Path(path), rank, ranks
         self.stale_ns = int(stale_s * 1e9)
-        size = ranks * len(FIELDS) * np.dtype(np.int64).itemsize
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            # Growing is safe to race: every rank asks for the same size and existing rows stay.
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-        finally:
-            os.close(fd)
-        self._rows: Optional[np.memmap] = np.memmap(self.path, dtype=np.int64, mode="r+", shape=(ranks, len(FIELDS)))
+        self._rows: Optional[np.memmap] = open_rows(self.path, ranks, len(FIELDS))
         self._rows[rank] = 0
 
     @classmethod

@@ -3,8 +3,10 @@
 `execute` only validates and queues. One thread per model instance owns the rest: it waits for
 the engine's new tokens, turns them into chunks per request (EOS and end_id, stop words,
 max_tokens, stream_interval), sends them, and polls client cancellation between engine steps,
-so a cancelled request leaves the batch (and frees its KV cache) within one step. Sending and
-the cancellation check are a Responder's job, so this runs and is tested without Triton.
+so a cancelled request leaves the batch (and frees its KV cache) within one step. Streams
+abandoned behind the ensemble, which Triton does not cancel, are found through a
+DeliveryTracker (tritonfront.delivery) and leave the same way. Sending and the cancellation
+check are a Responder's job, so this runs and is tested without Triton.
 
 `hand_over` is the other receive path, kept as the baseline that perf/bench_receive_path.py
 measures the committed one against: the loop thread itself parses and validates each request
@@ -20,6 +22,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
+from .delivery import NO_SLOT, DeliveryTracker
 from .engines.base import Engine, EngineOutput, SamplingParams
 from .stopping import StopMatcher
 
@@ -35,6 +38,7 @@ class Chunk:
     finish_reason: str  # "" until the final chunk
     prompt_tokens: int
     completion_tokens: int  # ids sent so far, this chunk included
+    delivery: tuple[int, int, int, int] = (0, 0, NO_SLOT, 0)  # DeliveryTracker.stamp()
 
     def tensors(self) -> dict[str, np.ndarray]:
         """The `llm` model's outputs for this chunk, with the batch dimension of one request."""
@@ -45,6 +49,7 @@ class Chunk:
             "finish_reason": np.array([[self.finish_reason.encode()]], dtype=np.object_),
             "prompt_tokens": np.array([[self.prompt_tokens]], dtype=np.int32),
             "completion_tokens": np.array([[self.completion_tokens]], dtype=np.int32),
+            "delivery": np.array([self.delivery], dtype=np.int64),
         }
 
 
@@ -117,7 +122,8 @@ class Load:
     outstanding_tokens: int = 0  # prompt + generated tokens of every unfinished request
     waiting_requests: int = 0  # queued, no token generated yet
     active_sequences: int = 0  # unfinished requests
-    cancelled_requests: int = 0  # since start
+    cancelled_requests: int = 0  # since start, abandoned streams included
+    kv_cache_blocks: int = 0  # held by unfinished requests, as the engine counts them
 
 
 class Responder(Protocol):
@@ -130,6 +136,7 @@ class Responder(Protocol):
 
 @dataclass
 class _Live:
+    request_id: str
     handle: Any
     completion: Completion
 
@@ -137,7 +144,8 @@ class _Live:
 class GenerationLoop:
     def __init__(self, engine: Engine, responder: Responder, stream_interval: int = 1, context_window: int = 0,
                  on_load: Callable[[Load], None] = lambda load: None, poll_s: float = 0.02,
-                 idle_cancel_check_s: float = 0.1, on_step: Optional[Callable[[float], None]] = None):
+                 idle_cancel_check_s: float = 0.1, on_step: Optional[Callable[[float], None]] = None,
+                 delivery: Optional[DeliveryTracker] = None):
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self.engine = engine
@@ -150,11 +158,13 @@ class GenerationLoop:
         # Gets the seconds of each turn's work once the engine's outputs are in hand (turns with
         # nothing to do are not counted); None: the clock is not even read.
         self.on_step = on_step
+        self.delivery = delivery
         self._handed_over: collections.deque = collections.deque()
         self._cancellations_checked = 0.0
         self._live: dict[str, _Live] = {}
         self._cancelled = 0
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # notified whenever a request leaves
         self._ids = itertools.count()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tritonfront-generation", daemon=True)
@@ -163,7 +173,8 @@ class GenerationLoop:
         self._thread.start()
 
     def submit(self, handle: Any, prompt_ids: Sequence[int], params: SamplingParams,
-               stop_sequences: Sequence[Sequence[int]] = (), stream: bool = False) -> None:
+               stop_sequences: Sequence[Sequence[int]] = (), stream: bool = False,
+               delivery_acknowledged: bool = False) -> None:
         end_ids = self.engine.eos_token_ids | ({params.end_id} if params.end_id is not None else set())
         completion = Completion(len(prompt_ids), stop_sequences, frozenset(end_ids), stream, self.stream_interval,
                                 self.context_window if stream else 0)
@@ -171,12 +182,15 @@ class GenerationLoop:
         # Registered and added as one step, so a cancellation check cannot fall in between and
         # cancel in the engine a request it does not have yet.
         with self._lock:
-            self._live[request_id] = _Live(handle, completion)
+            self._live[request_id] = _Live(request_id, handle, completion)
             try:
                 self.engine.add(request_id, prompt_ids, params)
             except Exception:
                 del self._live[request_id]
                 raise
+            # Only a stream's chunks come before its end; a whole response has nothing to watch.
+            if stream and delivery_acknowledged and self.delivery is not None:
+                self.delivery.track(request_id)
         self.publish_load()
 
     def hand_over(self, handle: Any, prepare: Callable[[], dict]) -> None:
@@ -188,13 +202,22 @@ class GenerationLoop:
         with self._lock:
             completions = [live.completion for live in self._live.values()]
             return Load(sum(c.prompt_tokens + c.generated for c in completions),
-                        sum(c.generated == 0 for c in completions), len(completions), self._cancelled)
+                        sum(c.generated == 0 for c in completions), len(completions), self._cancelled,
+                        self.engine.kv_cache_blocks())
 
     def publish_load(self) -> None:
         self.on_load(self.load())
 
+    def wait_for_room(self, max_active: int) -> None:
+        """Blocks while this instance holds `max_active` unfinished requests (or more), so that
+        Triton's queue, with its size limit and timeouts, keeps the rest."""
+        with self._room:
+            self._room.wait_for(lambda: len(self._live) < max_active or self._stopping.is_set())
+
     def stop(self, timeout: float = 30) -> None:
         self._stopping.set()
+        with self._room:
+            self._room.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
         self.engine.shutdown()
@@ -261,8 +284,9 @@ class GenerationLoop:
     def _check_cancellations(self) -> None:
         with self._lock:
             live_items = list(self._live.items())
+            abandoned = set(self.delivery.abandoned()) if self.delivery is not None else set()
         for request_id, live in live_items:
-            if self._is_cancelled(live):
+            if request_id in abandoned or self._is_cancelled(live):
                 self._retire(request_id, cancel_engine=True)
                 with self._lock:
                     self._cancelled += 1
@@ -271,12 +295,19 @@ class GenerationLoop:
     def _retire(self, request_id: str, cancel_engine: bool) -> None:
         with self._lock:
             self._live.pop(request_id, None)
+            if self.delivery is not None:
+                self.delivery.release(request_id)
+            self._room.notify_all()
         if cancel_engine:
             self.engine.cancel(request_id)
 
     def _fail_all(self, error: Exception) -> None:
         with self._lock:
+            if self.delivery is not None:
+                for request_id in self._live:
+                    self.delivery.release(request_id)
             lost, self._live = [live.handle for live in self._live.values()], {}
+            self._room.notify_all()
         while self._handed_over:
             lost.append(self._handed_over.popleft()[0])
         for handle in lost:
@@ -285,6 +316,9 @@ class GenerationLoop:
     # A client that went away must not stop the loop serving the others: responder errors are
     # logged, and a request whose client cannot be reached is treated as cancelled.
     def _send(self, live: _Live, chunk: Chunk) -> bool:
+        if self.delivery is not None and not chunk.final:
+            with self._lock:
+                chunk.delivery = self.delivery.stamp(live.request_id)
         try:
             self.responder.send(live.handle, chunk)
             return True

@@ -1,9 +1,14 @@
 """The llm model's serving loop against a scripted engine and a recording client side."""
+import threading
+
+import numpy as np
 import pytest
 
+from tritonfront.delivery import SLOTS, Acknowledger, DeliveryTracker, ack_table_path
 from tritonfront.engines import Engine, EngineOutput, SamplingParams
 from tritonfront.errors import InvalidInput
 from tritonfront.generation import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerationLoop, Load
+from tritonfront.shared_tables import open_rows
 
 EOS = 2
 
@@ -214,3 +219,40 @@ def test_step_times_are_reported_for_turns_that_did_work():
     loop.hand_over("b", lambda: {"prompt_ids": [10, 11], "params": SamplingParams(max_tokens=8)})
     loop.step()
     assert len(steps) == 2 and all(0 <= s < 1 for s in steps)
+
+
+def test_a_stream_whose_chunks_are_not_acknowledged_is_freed(tmp_path):
+    """Behind the ensemble nobody tells the llm of a cancelled stream: its unacknowledged chunks do."""
+    now = [0.0]
+    rows = open_rows(ack_table_path(7, 1, tmp_path), 1, SLOTS)
+    tracker = DeliveryTracker(rows[0], 7, 0, timeout_s=5.0, clock=lambda: now[0])
+    engine, client = ScriptedEngine(), Client()
+    loop = GenerationLoop(engine, client, poll_s=0, idle_cancel_check_s=0, delivery=tracker)
+    loop.submit("gone", [10, 11], SamplingParams(max_tokens=50), stream=True, delivery_acknowledged=True)
+    loop.submit("direct", [10, 11], SamplingParams(max_tokens=50), stream=True)
+    gone, direct = list(engine.added)
+    for _ in range(3):
+        engine.emit(gone, [100])
+        engine.emit(direct, [100])
+        loop.step()
+    Acknowledger(1, tmp_path).acknowledge(np.array([c.delivery for c in client.chunks["gone"][:1]]))
+    now[0] += 5.1
+    loop.step()
+    assert engine.cancelled == [gone]
+    assert client.chunks["gone"][-1].finish_reason == FINISH_CANCELLED
+    assert all(c.delivery[2] == -1 for c in client.chunks["direct"])  # not tracked: its client is reached directly
+    assert loop.load().active_sequences == 1 and loop.load().cancelled_requests == 1
+
+
+def test_wait_for_room_holds_until_a_request_leaves(setup):
+    engine, client, loop, _ = setup
+    a = submit(loop, engine, "a")
+    submit(loop, engine, "b")
+    released = threading.Event()
+    waiter = threading.Thread(target=lambda: (loop.wait_for_room(2), released.set()))
+    waiter.start()
+    assert not released.wait(0.2)
+    engine.emit(a, [100], finished=True)
+    loop.step()
+    assert released.wait(5)
+    waiter.join()

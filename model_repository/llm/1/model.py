@@ -5,6 +5,7 @@ import threading
 import triton_python_backend_utils as pb_utils
 
 from tritonfront import balancing, devices, model_sources, triton_io
+from tritonfront.delivery import DeliveryTracker
 from tritonfront.detokenization import DETOKENIZER_WINDOW
 from tritonfront.engines import EngineConfig, SamplingParams, create_engine
 from tritonfront.errors import InvalidInput
@@ -33,9 +34,10 @@ class LoadMetrics:
                                          "Prompt and generated tokens of unfinished requests"),
             "waiting_requests": metric("tritonfront_llm_waiting_requests", "Requests with no token generated yet"),
             "active_sequences": metric("tritonfront_llm_active_sequences", "Unfinished requests"),
+            "kv_cache_blocks": metric("tritonfront_llm_kv_cache_blocks", "KV cache blocks held by unfinished requests"),
         }
-        self.cancelled = metric("tritonfront_llm_cancelled_requests_total", "Requests cancelled by their client",
-                                pb_utils.MetricFamily.COUNTER)
+        self.cancelled = metric("tritonfront_llm_cancelled_requests_total",
+                                "Requests cancelled or abandoned by their client", pb_utils.MetricFamily.COUNTER)
         self._labels = labels
         self._last = Load()
         self._lock = threading.Lock()
@@ -77,10 +79,13 @@ class TritonPythonModel:
         self.gate = None
         if params["balancing"] == "tokens":
             self.gate = balancing.BalancingGate(self.table, int(params["balancing_timeout_ms"]) / 1000)
+        self.max_active = int(params["max_active_requests"])
+        delivery = DeliveryTracker.for_model(args["model_name"], rank, ranks, server_pid=os.getppid(),
+                                             timeout_s=int(params["abandoned_stream_timeout_ms"]) / 1000)
         self.metrics = LoadMetrics(args["model_name"], rank)
         on_step = self.metrics.step_histogram() if params["record_step_times"] == "true" else None
         self.loop = GenerationLoop(self.engine, self, int(params["stream_interval"]), DETOKENIZER_WINDOW,
-                                   on_load=self.publish, on_step=on_step)
+                                   on_load=self.publish, on_step=on_step, delivery=delivery)
         self.loop.publish_load()
         self.loop.start()
 
@@ -94,6 +99,7 @@ class TritonPythonModel:
                 self.loop.submit((request, sender), **self.parse(request))
             except Exception as error:  # InvalidInput, or an engine that stopped taking requests
                 sender.send(triton_io.error_response(error), flags=FINAL)
+        self.loop.wait_for_room(self.max_active)
         if self.gate is not None:
             self.gate.wait()
         return None
@@ -122,7 +128,8 @@ class TritonPythonModel:
         ).validate(length, self.engine.context_length, vocab)
         return {"prompt_ids": prompt.tolist(), "params": params,
                 "stop_sequences": stop_sequences_from_tensor(triton_io.array(request, "stop_words_ids"), vocab),
-                "stream": bool(triton_io.scalar(request, "stream", False))}
+                "stream": bool(triton_io.scalar(request, "stream", False)),
+                "delivery_acknowledged": bool(triton_io.scalar(request, "delivery_acknowledged", False))}
 
     def publish(self, load: Load) -> None:
         self.table.publish(load)

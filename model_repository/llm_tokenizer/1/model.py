@@ -1,3 +1,5 @@
+import numpy as np
+
 from tritonfront import model_sources, triton_io
 from tritonfront.errors import InvalidInput
 from tritonfront.tokenization import PromptRequest, PromptTokenizer
@@ -25,4 +27,5 @@ class TritonPythonModel:
     @staticmethod
     def build(request, prompt):
         return triton_io.response({"input_ids": prompt.input_ids, "input_lengths": prompt.input_lengths,
-                                   "stop_words_ids": prompt.stop_words_ids})
+                                   "stop_words_ids": prompt.stop_words_ids,
+                                   "delivery_acknowledged": np.array([[True]])})

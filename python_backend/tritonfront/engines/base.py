@@ -93,6 +93,11 @@ class Engine(ABC):
         """Everything generated since the previous call, waiting up to `timeout` seconds for
         something. Raises if the engine can no longer generate."""
 
+    def kv_cache_blocks(self) -> int:
+        """KV cache blocks held by unfinished requests (0 where the engine does not tell), read
+        from another thread than the engine's: for metrics and leak checks, not for scheduling."""
+        return 0
+
     @abstractmethod
     def shutdown(self) -> None:
         """Stops the engine; unfinished requests get no further outputs."""

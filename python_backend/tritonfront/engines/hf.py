@@ -262,5 +262,14 @@ class HFEngine(Engine):
                                             finished, result.error))
         return outputs
 
+    def kv_cache_blocks(self) -> int:
+        allocators = self._manager.batch_processor.cache.cache_allocators.values()
+        for _ in range(3):  # the generation thread may change a block table while it is read
+            try:
+                return sum(len(blocks) for allocator in allocators for blocks in list(allocator.block_table.values()))
+            except RuntimeError:
+                continue
+        return 0
+
     def shutdown(self) -> None:
         self._manager.stop(block=True, timeout=30)

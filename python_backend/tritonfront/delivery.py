@@ -1,0 +1,127 @@
+"""Streams abandoned behind the `generate` ensemble, found from the chunks nobody decodes.
+
+A client that cancels a `generate` stream, or drops its connection, cancels the ensemble request.
+Triton then cancels the ensemble's steps that have not started, but not the `llm` step, which
+runs for the whole request (core's ensemble scheduler only calls Cancel() on new step requests).
+So the llm is never told, and would go on to max_tokens holding its batch slot and KV cache.
+
+What does change is downstream: the chunks the llm sends after the cancellation become cancelled
+detokenizer requests, which the detokenizer's queue drops. So the detokenizer acknowledges every
+chunk it decodes in a table per llm model (a row per rank, a slot per tracked stream, holding the
+highest chunk serial decoded), and the llm treats a stream as abandoned when a chunk of it stays
+unacknowledged while chunks it sent well after it, for other streams, were acknowledged, or, with
+no other stream to compare with, after a timeout. Only streams whose request says a downstream
+step acknowledges (`delivery_acknowledged`, which the ensemble passes) are tracked: chunks sent to
+a client directly are never acknowledged, and that client's cancellation reaches the llm anyway.
+"""
+import collections
+import time
+import zlib
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from .shared_tables import DEFAULT_DIRECTORY, open_existing_rows, open_rows, remove_stale_tables, table_path
+
+SLOTS = 4096  # tracked streams per rank; a stream finding none free is simply not tracked
+NO_SLOT = -1
+# Chunks sent this long after a still unacknowledged one and acknowledged already: the detokenizer
+# queue is FIFO, so the old one was dropped, not delayed.
+DELIVERY_GRACE_S = 1.0
+
+
+def model_key(model_name: str) -> int:
+    """Names the llm model's table inside the chunks it sends (a tensor carries no strings cheaply)."""
+    return zlib.crc32(model_name.encode())
+
+
+def ack_table_path(key: int, server_pid: int, directory: Path = DEFAULT_DIRECTORY) -> Path:
+    return table_path(str(key), server_pid, directory, kind="acks")
+
+
+class DeliveryTracker:
+    """One llm rank's side: a slot per tracked stream, the serial and send time of each of its
+    chunks not acknowledged yet. Used by the generation loop's thread only."""
+
+    def __init__(self, acks: np.ndarray, key: int, rank: int, timeout_s: float,
+                 grace_s: float = DELIVERY_GRACE_S, clock: Callable[[], float] = time.monotonic):
+        self.acks = acks  # this rank's row: [slots] highest serial decoded
+        self.key, self.rank = key, rank
+        self.timeout_s, self.grace_s, self.clock = timeout_s, grace_s, clock
+        self._free = list(range(len(acks) - 1, -1, -1))
+        self._slots: dict[str, int] = {}
+        self._unacked: dict[str, collections.deque] = {}
+        # Serials only grow, also across restarts of this rank (microseconds since the epoch to
+        # start with), so an acknowledgement left in a reused slot never covers a new chunk.
+        self._serial = time.time_ns() // 1000
+        self._delivered_sent_at = float("-inf")  # send time of the latest acknowledged chunk
+
+    @classmethod
+    def for_model(cls, model_name: str, rank: int, ranks: int, server_pid: int, timeout_s: float,
+                  directory: Path = DEFAULT_DIRECTORY) -> "DeliveryTracker":
+        remove_stale_tables(directory)
+        key = model_key(model_name)
+        rows = open_rows(ack_table_path(key, server_pid, directory), ranks, SLOTS)
+        return cls(rows[rank], key, rank, timeout_s)
+
+    def track(self, request_id: str) -> bool:
+        if not self._free:
+            return False
+        self._slots[request_id] = self._free.pop()
+        self._unacked[request_id] = collections.deque()
+        return True
+
+    def stamp(self, request_id: str) -> tuple[int, int, int, int]:
+        """The `delivery` value of the next chunk of this request: (model key, rank, slot, serial),
+        slot NO_SLOT when it is not tracked."""
+        slot = self._slots.get(request_id)
+        if slot is None:
+            return self.key, self.rank, NO_SLOT, 0
+        self._serial += 1
+        self._unacked[request_id].append((self._serial, self.clock()))
+        return self.key, self.rank, slot, self._serial
+
+    def release(self, request_id: str) -> None:
+        slot = self._slots.pop(request_id, None)
+        if slot is not None:
+            del self._unacked[request_id]
+            self._free.append(slot)
+
+    def abandoned(self) -> list[str]:
+        now = self.clock()
+        for request_id, pending in self._unacked.items():
+            acknowledged = self.acks[self._slots[request_id]]
+            while pending and pending[0][0] <= acknowledged:
+                self._delivered_sent_at = max(self._delivered_sent_at, pending.popleft()[1])
+        return [request_id for request_id, pending in self._unacked.items()
+                if pending and (self._delivered_sent_at - pending[0][1] > self.grace_s
+                                or now - pending[0][1] > self.timeout_s)]
+
+
+class Acknowledger:
+    """The detokenizer's side: records the chunks it decoded in the tables their llm ranks read."""
+
+    def __init__(self, server_pid: int, directory: Path = DEFAULT_DIRECTORY):
+        self.server_pid, self.directory = server_pid, directory
+        self._tables: dict[int, np.memmap] = {}
+
+    def acknowledge(self, deliveries: np.ndarray) -> None:
+        """deliveries: [chunks, 4] (model key, rank, slot, serial) as the llm stamped them."""
+        for key, rank, slot, serial in deliveries.reshape(-1, 4).tolist():
+            if not 0 <= slot < SLOTS:
+                continue
+            table = self._table(key, rank)
+            # Two detokenizer instances may decode chunks of one stream at once: keep the highest.
+            if table is not None and table[rank, slot] < serial:
+                table[rank, slot] = serial
+
+    def _table(self, key: int, rank: int) -> Optional[np.memmap]:
+        table = self._tables.get(key)
+        if table is None or rank >= table.shape[0]:  # new, or grown by ranks that started later
+            try:
+                table = self._tables[key] = open_existing_rows(ack_table_path(key, self.server_pid, self.directory),
+                                                               SLOTS)
+            except FileNotFoundError:
+                return None
+        return table if 0 <= rank < table.shape[0] else None
