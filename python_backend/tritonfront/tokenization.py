@@ -152,6 +152,10 @@ class PromptRequest:
     chat: bool = False  # wrap the text as one user message through the model's chat template
     stop_words: Sequence[str] = ()
 
+    def __post_init__(self):
+        # TensorRT-LLM's clients send stop_words "" to mean none: empty words are no stop words.
+        self.stop_words = [word for word in self.stop_words if word]
+
 
 @dataclass
 class TokenizedPrompt:
@@ -163,9 +167,6 @@ class TokenizedPrompt:
 def check_stop_words(words: Sequence[str]) -> None:
     if len(words) > MAX_STOP_WORDS:
         raise InvalidInput("stop_words", f"{len(words)} stop words is over the limit of {MAX_STOP_WORDS}")
-    for i, word in enumerate(words):
-        if not word:
-            raise InvalidInput(f"stop_words[{i}]", "is empty")
 
 
 class PromptTokenizer(BatchTokenizer):

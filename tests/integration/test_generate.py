@@ -35,10 +35,10 @@ def references():
 @pytest.fixture(scope="module")
 def dp_server(tmp_path_factory):
     """DP 2 (llm balanced by tokens, llm_none by Triton's placement) and 4 detokenizers, one torch
-    thread per llm instance on this 2-core machine."""
+    thread per llm instance on this 2-core machine; a queue that takes a burst of 64 streams."""
     out = tmp_path_factory.mktemp("dp2")
     repositories = write_deployment(out, "--dp", "2", "--detokenizers", "4", "--set", "llm.num_threads=1",
-                                    "--set", "llm.kv_cache_tokens=8192", unbalanced_copy=True)
+                                    "--set", "llm.kv_cache_tokens=8192", "--queue", "llm=64", unbalanced_copy=True)
     with triton_server(out / "server.log", repositories=repositories) as running:
         yield running
 
@@ -133,7 +133,6 @@ BAD_REQUESTS = [
     ({"top_p": 0.0}, "top_p", "(0, 1]"),
     ({"top_p": 1.5}, "top_p", "(0, 1]"),
     ({"top_k": -1}, "top_k", ">= 0"),
-    ({"stop_words": ["ok", ""]}, "stop_words[1]", "is empty"),
     ({"stop_words": [f"w{i}" for i in range(17)]}, "stop_words", "limit of 16"),
 ]
 

@@ -1,4 +1,5 @@
 """The llm_tokenizer's batch encode against transformers' own calls, and its input errors."""
+import numpy as np
 import pytest
 
 from tritonfront import model_sources
@@ -41,7 +42,6 @@ def test_one_batch_matches_transformers(tokenizers):
 
 @pytest.mark.parametrize("request_, field, limit", [
     (PromptRequest(""), "text_input", "is empty"),
-    (PromptRequest("hi", stop_words=["ok", ""]), "stop_words[1]", "is empty"),
     (PromptRequest("hi", stop_words=["w"] * (MAX_STOP_WORDS + 1)), "stop_words", f"limit of {MAX_STOP_WORDS}"),
     (PromptRequest("hello " * 8200), "text_input", "at most 8191"),
     (PromptRequest("x" * 70000), "text_input[0]", "65536 bytes"),
@@ -51,3 +51,12 @@ def test_bad_prompts_are_named_and_do_not_spoil_the_batch(tokenizers, request_, 
     good, bad = ours.encode_prompts([PromptRequest("fine"), request_])
     assert good.input_ids.size > 0
     assert isinstance(bad, InvalidInput) and bad.field == field and limit in str(bad)
+
+
+def test_empty_stop_words_mean_none_as_for_tensorrt_llm_clients(tokenizers):
+    tokenizer, _ = tokenizers
+    with_empty, without = tokenizer.encode_prompts([PromptRequest("hi", stop_words=["", "ok", ""]),
+                                                    PromptRequest("hi", stop_words=["ok"])])
+    assert np.array_equal(with_empty.stop_words_ids, without.stop_words_ids)
+    none, = tokenizer.encode_prompts([PromptRequest("hi", stop_words=[""])])
+    assert none.stop_words_ids.tolist() == [[[-1]]]
