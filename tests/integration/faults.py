@@ -1,0 +1,260 @@
+"""Stub faults, for tests/integration/test_faults.py and perf/bench_faults.py: a steady load of
+requests through the ensemble that uses a model, SIGKILL of one of that model's Python stubs,
+what each request in flight got, and when the ensemble answered correctly again.
+
+The server runs in explicit model control with scripts/stub_watchdog.py beside it: Triton
+2.51 neither restarts a dead stub nor marks its model unready, the watchdog reloads it."""
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from embed_client import inputs as embed_inputs  # noqa: E402
+from generate_client import generate_inputs, prompt_ids, tensor  # noqa: E402
+from stub_watchdog import live_stubs  # noqa: E402
+
+PIPELINES = {"tokenizer": "embed", "encoder": "embed", "pooler": "embed",
+             "llm_tokenizer": "generate", "llm": "generate", "detokenizer": "generate"}
+EXPLICIT = ("--model-control-mode=explicit", "--load-model=*")
+EMBED_TEXTS = ["A stub process died under load.", "Crème brûlée à la française.",
+               "The quick brown fox jumps over the lazy dog. " * 6, "日本語の文章です。"]
+PROMPT, MAX_TOKENS = "Once upon a time, in a small village,", 24
+HUNG = "no final response"
+
+
+class Hung(Exception):
+    pass
+
+
+def embed_once(url: str, timeout: float) -> np.ndarray:
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        result = client.infer("embed", embed_inputs(grpcclient, EMBED_TEXTS), client_timeout=timeout)
+    except Exception as error:
+        if "DEADLINE_EXCEEDED" in str(error):
+            raise Hung(f"{HUNG} in {timeout:g} s") from None
+        raise
+    finally:
+        client.close()
+    return result.as_numpy("embedding")
+
+
+def stream_once(url: str, model: str, inputs: list, read: Callable, final: Callable, timeout: float) -> list:
+    """One streamed request: what `read` took from each response, in order. One stream per
+    request, since a stream's errors carry no request id."""
+    parts, errors, done = [], [], threading.Event()
+
+    def on_response(result, error):
+        if error is not None:
+            errors.append(error)
+            done.set()
+            return
+        parts.append(read(result))
+        if final(result):
+            done.set()
+
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=on_response)
+    try:
+        client.async_stream_infer(model, inputs, request_id="1")
+        if not done.wait(timeout):
+            raise Hung(f"{HUNG} in {timeout:g} s")
+    finally:
+        client.stop_stream(cancel_requests=not done.is_set())
+        client.close()
+    if errors:
+        raise errors[0]
+    return parts
+
+
+def generate_once(url: str, timeout: float) -> str:
+    """Greedy through the `generate` ensemble, streamed: the chunks joined."""
+    return "".join(stream_once(url, "generate", generate_inputs(PROMPT, MAX_TOKENS, stream=True),
+                               lambda r: r.as_numpy("text_output").reshape(-1)[0].decode(),
+                               lambda r: bool(r.as_numpy("finish_reason").reshape(-1)[0]), timeout))
+
+
+def llm_once(url: str, timeout: float) -> list[int]:
+    """Greedy from `llm` itself (token ids in), streamed: the ids joined."""
+    ids = np.array([prompt_ids(PROMPT, chat=False)], dtype=np.int32)
+    inputs = [tensor("input_ids", ids), tensor("input_lengths", ids.shape[1]), tensor("max_tokens", MAX_TOKENS),
+              tensor("stream", True)]
+    parts = stream_once(url, "llm", inputs, lambda r: r.as_numpy("output_ids").reshape(-1).tolist(),
+                        lambda r: bool(r.as_numpy("is_final").reshape(-1)[0]), timeout)
+    return [i for part in parts for i in part]
+
+
+CALLS = {"embed": embed_once, "generate": generate_once, "llm": llm_once}
+
+
+def same_result(value, reference) -> bool:
+    if isinstance(reference, np.ndarray):
+        return value.shape == reference.shape and float(np.abs(value - reference).max()) < 1e-4
+    return value == reference
+
+
+@dataclass
+class Outcome:
+    start: float
+    end: Optional[float] = None  # None: still waiting
+    error: Optional[str] = None
+    correct: Optional[bool] = None  # for a success: equal to the reference taken before the kill
+
+    @property
+    def hung(self) -> bool:
+        return self.error is not None and self.error.startswith(HUNG)
+
+
+class SteadyLoad:
+    """Closed-loop clients, each sending its next request when the last one ended."""
+
+    def __init__(self, call: Callable[[], object], check: Callable[[object], bool], clients: int):
+        self.call, self.check = call, check
+        self.outcomes: list[Outcome] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._clients = clients
+
+    def add_client(self) -> None:
+        thread = threading.Thread(target=self._client, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _client(self) -> None:
+        while not self._stop.is_set():
+            outcome = Outcome(time.monotonic())
+            with self._lock:
+                self.outcomes.append(outcome)
+            try:
+                value = self.call()
+            except Exception as error:
+                outcome.end, outcome.error = time.monotonic(), str(error)
+                # While the ensemble is missing (being reloaded) errors come back at once.
+                self._stop.wait(0.1)
+            else:
+                outcome.end, outcome.correct = time.monotonic(), self.check(value)
+
+    def __enter__(self) -> "SteadyLoad":
+        for _ in range(self._clients):
+            self.add_client()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+    def snapshot(self) -> list[Outcome]:
+        with self._lock:
+            return list(self.outcomes)
+
+    def in_flight_at(self, moment: float) -> list[Outcome]:
+        return [o for o in self.snapshot() if o.start <= moment and (o.end is None or o.end > moment)]
+
+
+def model_stubs(server_pid: int, model: str) -> dict[int, str]:
+    """pid -> instance of `model`'s running stubs."""
+    return {pid: instance for pid, (name, instance) in live_stubs(server_pid).items() if name == model}
+
+
+def kill_stub(server_pid: int, model: str) -> tuple[str, float]:
+    """SIGKILLs the first instance of `model` (children of this server only); (instance, when)."""
+    stubs = sorted((instance, pid) for pid, instance in model_stubs(server_pid, model).items())
+    if not stubs:
+        raise LookupError(f"no running stub of {model} under tritonserver {server_pid}")
+    instance, pid = stubs[0]
+    os.kill(pid, signal.SIGKILL)
+    return instance, time.monotonic()
+
+
+def restarted(server_pid: int, before: dict[int, str], model: str) -> bool:
+    """Whether every instance of `model` runs in a stub started after `before` was taken."""
+    fresh = {instance for pid, instance in model_stubs(server_pid, model).items() if pid not in before}
+    return fresh >= set(before.values())
+
+
+@dataclass
+class KillResult:
+    model: str
+    via: str
+    instance: str
+    killed: float  # time.monotonic() of the kill
+    in_flight: list[Outcome]  # requests sent before the kill and not answered at it
+    after: list[Outcome]  # requests sent after the kill
+    first_success_s: Optional[float]  # kill -> first correct answer to a request sent after it
+    restarted_s: Optional[float]  # kill -> every instance of the model runs in a new stub
+    recovered_s: Optional[float]  # kill -> the first correct answer after the last failure
+    last_in_flight_end_s: Optional[float]  # kill -> the last in-flight request ended; None: one hung
+    wrong: int  # successes (any time) that differ from the reference
+    ready_after: bool
+    restores: list = field(default_factory=list)  # the watchdog's reloads for this kill
+
+    def errors(self, outcomes: Optional[list[Outcome]] = None) -> Counter:
+        """Error message -> requests that got it, of the in-flight ones unless told."""
+        return Counter(o.error for o in (self.in_flight if outcomes is None else outcomes) if o.error is not None)
+
+
+def recovery(outcomes: list[Outcome], killed: float) -> tuple[Optional[float], Optional[float]]:
+    """Of the requests sent after the kill: (end of the last failure, end of the first correct
+    answer after it)."""
+    sent = [o for o in outcomes if o.start > killed and o.end is not None]
+    last_failure = max((o.end for o in sent if o.error is not None), default=killed)
+    return last_failure, min((o.end for o in sent if o.correct and o.start >= last_failure), default=None)
+
+
+def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, clients: int = 3,
+                    hang_s: float = 60.0, recover_s: float = 180.0, quiet_s: float = 5.0,
+                    steady: int = 3) -> KillResult:
+    """A steady load through `via` (default: `model`'s ensemble) and SIGKILL of one of `model`'s
+    stubs once `steady` requests succeeded. One more client starts at the kill, so requests go
+    on while the others wait on requests in flight. The load stops once every instance of the
+    model runs in a new stub and requests sent after the kill have answered correctly, without
+    a failure, for `quiet_s` (or after recover_s); each request in flight then ends by itself or
+    after hang_s. Recovery is the first correct answer after the last failure: with several
+    instances, the others may answer before (`first_success_s`)."""
+    once = CALLS[via or PIPELINES[model]]
+    call = lambda: once(server.grpc_url, hang_s)  # noqa: E731
+    reference = call()
+    check = lambda value: same_result(value, reference)  # noqa: E731
+    restores_before = len(watchdog.restores)
+    with SteadyLoad(call, check, clients) as load:
+        deadline = time.monotonic() + recover_s
+        while sum(1 for o in load.snapshot() if o.correct) < steady and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before = model_stubs(server.process.pid, model)
+        instance, killed = kill_stub(server.process.pid, model)
+        in_flight = load.in_flight_at(killed)
+        load.add_client()
+        deadline, restarted_at = killed + recover_s, None
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            if restarted_at is None and restarted(server.process.pid, before, model):
+                restarted_at = time.monotonic()
+            last_failure, recovered = recovery(load.snapshot(), killed)
+            if restarted_at is not None and recovered is not None and time.monotonic() - last_failure >= quiet_s:
+                break
+    outcomes = load.snapshot()
+    last_failure, recovered = recovery(outcomes, killed)
+    after = [o for o in outcomes if o.start > killed]
+    first_success = min((o.end for o in after if o.correct), default=None)
+    return KillResult(
+        model=model, via=via or PIPELINES[model], instance=instance, killed=killed, in_flight=in_flight, after=after,
+        first_success_s=None if first_success is None else first_success - killed,
+        restarted_s=None if restarted_at is None else restarted_at - killed,
+        recovered_s=None if recovered is None else recovered - killed,
+        last_in_flight_end_s=(None if any(o.hung for o in in_flight)
+                              else max((o.end - killed for o in in_flight), default=0.0)),
+        wrong=sum(1 for o in outcomes if o.correct is False),
+        ready_after=server.is_ready(), restores=watchdog.restores[restores_before:])
