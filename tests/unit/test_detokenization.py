@@ -279,3 +279,24 @@ def test_end_dependent_decoder_is_refused():
     tokenizer.decoder = decoders.BPEDecoder(suffix="</w>")
     with pytest.raises(ValueError, match="BPEDecoder"):
         StreamDetokenizer(PreTrainedTokenizerFast(tokenizer_object=tokenizer))
+
+
+@settings(max_examples=60, deadline=None)
+@given(streams=st.lists(st.lists(st.tuples(st.lists(st.integers(-3, 70000), max_size=8),
+                                           st.lists(st.integers(-3, 70000), max_size=12)), max_size=4),
+                        min_size=1, max_size=6))
+def test_random_ids_give_text_or_a_named_error_per_request(streams):
+    """Any ids, in or out of the vocabulary, in any chunking: each request gets its texts or an
+    InvalidInput naming the input; the others are unaffected."""
+    _, detokenizer = _get("smollm2")
+    requests = [[Chunk(context, output, i == len(stream) - 1) for i, (context, output) in enumerate(stream)]
+                for stream in streams]
+    results = detokenizer.detokenize_requests(requests)
+    assert len(results) == len(requests)
+    for request, result in zip(requests, results):
+        ids = [i for chunk in request for i in chunk.context_ids + chunk.output_ids]
+        if all(0 <= i < detokenizer.vocab_size for i in ids):
+            assert isinstance(result, list) and len(result) == len(request)
+            assert all(isinstance(text, str) for text in result)
+        else:
+            assert isinstance(result, InvalidInput) and result.field in ("output_ids", "context_ids")
