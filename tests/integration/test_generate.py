@@ -35,10 +35,12 @@ def references():
 @pytest.fixture(scope="module")
 def dp_server(tmp_path_factory):
     """DP 2 (llm balanced by tokens, llm_none by Triton's placement) and 4 detokenizers, one torch
-    thread per llm instance on this 2-core machine; a queue that takes a burst of 64 streams."""
+    thread per llm instance on this 2-core machine; room for a burst of 64 streams, so that
+    placement, not the admission limit, decides where requests go."""
     out = tmp_path_factory.mktemp("dp2")
     repositories = write_deployment(out, "--dp", "2", "--detokenizers", "4", "--set", "llm.num_threads=1",
-                                    "--set", "llm.kv_cache_tokens=8192", "--queue", "llm=64", unbalanced_copy=True)
+                                    "--set", "llm.kv_cache_tokens=8192", "--set", "llm.max_active_requests=64",
+                                    "--queue", "llm=64", unbalanced_copy=True)
     with triton_server(out / "server.log", repositories=repositories) as running:
         yield running
 
