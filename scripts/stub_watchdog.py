@@ -110,10 +110,12 @@ class StubWatchdog:
     # The model version a dead stub belonged to is never unloaded: the Python backend keeps the
     # response factories of the requests that failed on the dead stub, and each holds the
     # model. Its other instances' stubs would run (and hold their memory) until the server
-    # exits, so once they have been idle for `idle_s`, `reap_after_s` after the reload (their
-    # last requests finish first), they get SIGKILL.
+    # exits, so once they have been idle (under `idle_cores` of CPU) for `idle_s`,
+    # `reap_after_s` after the reload (their last requests finish first), they get SIGKILL.
     reap_after_s: float = 30.0
     idle_s: float = 5.0
+    # An idle llm rank's loop uses ~0.01 of a core, a generating one a whole core.
+    idle_cores: float = 0.05
     log: Callable[[str], None] = print
     restores: list[Restore] = field(default_factory=list)
     reaped: list[tuple[str, int]] = field(default_factory=list)  # (model, pid)
@@ -178,10 +180,13 @@ class StubWatchdog:
                 if now - leftover.since < self.reap_after_s or process.status() == psutil.STATUS_ZOMBIE:
                     continue
                 cpu = times.user + times.system
-                if leftover.cpu is None or cpu - leftover.cpu > 0.05:  # working: look again later
+                if leftover.cpu is None:
                     leftover.cpu, leftover.sampled = cpu, now
                     continue
                 if now - leftover.sampled < self.idle_s:
+                    continue
+                if (cpu - leftover.cpu) / (now - leftover.sampled) > self.idle_cores:  # working: look again later
+                    leftover.cpu, leftover.sampled = cpu, now
                     continue
                 process.kill()
             except psutil.NoSuchProcess:

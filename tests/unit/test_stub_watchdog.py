@@ -114,7 +114,9 @@ def test_a_leftover_stub_killed_once_idle_is_no_death(server, monkeypatch):
             self.pid = pid
 
         def cpu_times(self):
-            return type("Times", (), {"user": 1.0, "system": 0.0})()
+            # 0.5 cores until t=33 (finishing its last requests), then 0.01 (an idle engine loop)
+            busy = min(clock[0], 33.0) * 0.5 + max(clock[0] - 33.0, 0.0) * 0.01
+            return type("Times", (), {"user": busy, "system": 0.0})()
 
         def status(self):
             return "sleeping"
@@ -127,11 +129,11 @@ def test_a_leftover_stub_killed_once_idle_is_no_death(server, monkeypatch):
     dog = watchdog(reap_after_s=30.0, idle_s=5.0)
     del server.stubs[2]
     dog.check()
-    for clock[0] in (10.0, 31.0, 33.0):
+    for clock[0] in (10.0, 31.0, 33.0, 36.0, 38.0):
         dog.check()
-    assert killed == []  # idle for 2 s only
-    clock[0] = 37.0
+    assert killed == []  # busy over 31..36, then idle for 2 s only
+    clock[0] = 41.5
     dog.check()
     assert killed == [3]
-    clock[0] = 38.0
+    clock[0] = 42.0
     assert dog.check() == [] and server.reloads == ["encoder"]
