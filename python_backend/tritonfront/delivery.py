@@ -42,7 +42,8 @@ def ack_table_path(key: int, server_pid: int, directory: Path = DEFAULT_DIRECTOR
 
 class DeliveryTracker:
     """One llm rank's side: a slot per tracked stream, the serial and send time of each of its
-    chunks not acknowledged yet. Used by the generation loop's thread only."""
+    chunks not acknowledged yet. Not thread-safe: the generation loop calls it under its lock
+    (`track` from Triton's execute thread, the rest from the loop's thread)."""
 
     def __init__(self, acks: np.ndarray, key: int, rank: int, timeout_s: float,
                  grace_s: float = DELIVERY_GRACE_S, clock: Callable[[], float] = time.monotonic):
