@@ -3,7 +3,7 @@
 model serves correctly again.
 
 One tritonserver (explicit model control: the embed and generate pipelines) with
-scripts/stub_watchdog.py watching it from this process. Triton 2.51 does not restart a dead
+tritonfront.watchdog watching it from this process. Triton 2.51 does not restart a dead
 stub and keeps the model READY; the watchdog sees the stub gone and reloads the model through
 the repository API, in one of two ways, alternating kill by kill so both meet the same load:
 "unload_load" (unload, then load: the model and the ensembles that use it are missing until
@@ -33,7 +33,7 @@ sys.path.insert(0, str(serving.ROOT / "tests" / "integration"))
 
 from faults import PIPELINES, kill_under_load  # noqa: E402
 from generate_client import GENERATE_MODELS, write_deployment  # noqa: E402
-from stub_watchdog import StubWatchdog, live_stubs  # noqa: E402
+from tritonfront.watchdog import StubWatchdog, live_stubs
 
 MODELS = ["tokenizer", "encoder", "pooler", "embed", "llm_tokenizer", "llm", "detokenizer", "generate"]
 # (killed model, what the load goes through)
@@ -159,7 +159,7 @@ def main() -> None:
 
     rep.add(f"{args.kills} kills per row, {args.clients} closed-loop clients each (gRPC), hung = no final "
             f"response {args.hang_s:g} s after the kill. Triton 2.51's Python backend never restarts a stub; "
-            "recovery is `scripts/stub_watchdog.py` reloading the model through the repository API, "
+            "recovery is `tritonfront.watchdog` reloading the model through the repository API, "
             "`unload_load` (unload, then load) and `override` (in-place reload: load with the model's config "
             "and a changed parameter) alternating kill by kill. Times in seconds after the SIGKILL, "
             "median / max over the kills. Clients: the load's, plus one started at the kill. \"correct again\": "

@@ -37,8 +37,9 @@ for f in "$PYTRITON_DIR/backends/python/libtriton_python.so" \
   ln -sfn "$f" "$BACKEND_DIR/python/$(basename "$f")"
 done
 echo "[setup] backend directory: $BACKEND_DIR"
-# The stubs do not honour PYTHONPATH; a .pth file puts the library on every venv interpreter's path.
-echo "$TRITONFRONT_ROOT/python_backend" > "$SITE_PACKAGES/tritonfront.pth"
+# The stubs do not honour PYTHONPATH; a .pth file puts the library (python_backend/) on every venv
+# interpreter's path, and the repository root for the test and benchmark harness (harness/).
+printf '%s\n' "$TRITONFRONT_ROOT/python_backend" "$TRITONFRONT_ROOT" > "$SITE_PACKAGES/tritonfront.pth"
 
 echo "[setup] preparing default models"
 python -m tritonfront.model_sources --prepare

@@ -2,7 +2,7 @@
 requests through the ensemble that uses a model, SIGKILL of one of that model's Python stubs,
 what each request in flight got, and when the ensemble answered correctly again.
 
-The server runs in explicit model control with scripts/stub_watchdog.py beside it: Triton
+The server runs in explicit model control with tritonfront.watchdog beside it: Triton
 2.51 neither restarts a dead stub nor marks its model unready, the watchdog reloads it."""
 import os
 import signal
@@ -18,11 +18,10 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
 
 from embed_client import inputs as embed_inputs  # noqa: E402
 from generate_client import generate_inputs, prompt_ids, tensor  # noqa: E402
-from stub_watchdog import live_stubs  # noqa: E402
+from tritonfront.watchdog import live_stubs
 
 PIPELINES = {"tokenizer": "embed", "encoder": "embed", "pooler": "embed",
              "llm_tokenizer": "generate", "llm": "generate", "detokenizer": "generate"}

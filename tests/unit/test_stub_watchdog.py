@@ -1,14 +1,9 @@
-"""scripts/stub_watchdog.py's decisions, with the server's stubs and repository API replaced by
+"""tritonfront.watchdog's decisions, with the server's stubs and repository API replaced by
 a fake: which disappearances are deaths, which models get reloaded, and that the stubs a reload
 leaves behind neither hide a later death nor count as one."""
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-import stub_watchdog  # noqa: E402
+from tritonfront import watchdog as stub_watchdog
 
 
 INSTANCES = {"tokenizer": ["tokenizer_0_0"], "encoder": ["encoder_0_0", "encoder_0_1"]}

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Reloads a Python model whose stub process died, through Triton's repository API.
 
 Triton 2.51's Python backend never restarts a stub that died (SIGKILL, OOM killer, a crash in
@@ -18,7 +17,7 @@ its process is gone or a zombie and no other stub of the same instance replaced 
 starts the new instance before it stops the old one); its model is reloaded only while the
 repository index says READY, so an operator's unload is left alone.
 
-    python scripts/stub_watchdog.py --server-pid PID --url 127.0.0.1:8000
+    python -m tritonfront.watchdog --server-pid PID --url 127.0.0.1:8000
 """
 import argparse
 import contextlib
