@@ -71,7 +71,8 @@ class TritonPythonModel:
         self.prepare_in_loop = params["prepare_requests_in"] == "engine_loop"
         device = devices.configure_torch(args, int(params["num_threads"]))
         config = EngineConfig(max_num_seqs=int(params["max_num_seqs"]), kv_cache_tokens=int(params["kv_cache_tokens"]),
-                              max_batch_tokens=int(params["max_batch_tokens"]), dtype=params["dtype"])
+                              max_batch_tokens=int(params["max_batch_tokens"]), dtype=params["dtype"],
+                              attention=params["attention"])
         self.engine = create_engine(params["engine"], model_sources.model_dir(params["model_source"]), device, config)
         rank, ranks = balancing.instance_rank(args)
         # The stub's parent is tritonserver: a table per model per server.

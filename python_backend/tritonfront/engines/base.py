@@ -12,6 +12,8 @@ from typing import Optional, Sequence
 from ..errors import InvalidInput
 
 UINT64_MAX = 2**64 - 1
+# The OS name (/proc/<pid>/task/<tid>/comm) of the threads that run an engine's model.
+ENGINE_THREAD_NAME = "tf-engine"
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,9 @@ class EngineConfig:
     kv_cache_tokens: int = 16384  # 0: let the engine size its KV cache from free memory
     max_batch_tokens: int = 512  # prefill chunk budget of one forward pass
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU
+    # "varlen": per-request attention over the paged cache on the CPU (engines/varlen_attention.py);
+    # "sdpa": transformers' own packed attention. Other engines ignore it.
+    attention: str = "varlen"
 
 
 @dataclass

@@ -25,7 +25,9 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 from transformers.generation.continuous_batching.model_runner import infer_max_single_request_tokens
 from transformers.generation.logits_process import LogitsProcessorList
 
-from .base import Engine, EngineConfig, EngineOutput, SamplingParams
+from .. import threads
+from . import varlen_attention
+from .base import ENGINE_THREAD_NAME, Engine, EngineConfig, EngineOutput, SamplingParams
 
 _MASK32 = 0xFFFFFFFF
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -177,8 +179,15 @@ def eos_token_ids(model) -> set[int]:
     return {int(i) for i in ids if i is not None and i >= 0}
 
 
+ATTENTION = ("varlen", "sdpa")
+
+
 class HFEngine(Engine):
     def __init__(self, model, config: EngineConfig):
+        if config.attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {ATTENTION}, got {config.attention!r}")
+        if config.attention == "varlen":
+            varlen_attention.enable(model)
         text_config = model.config.get_text_config()
         self.vocab_size = int(text_config.vocab_size)
         self.eos_token_ids = frozenset(eos_token_ids(model))
@@ -212,14 +221,23 @@ class HFEngine(Engine):
 
     @classmethod
     def from_folder(cls, model_dir: Path, device: str, config: EngineConfig) -> "HFEngine":
+        """Loads the model and starts the engine. The threads that appear meanwhile (torch's intra-op
+        workers, transformers' generation thread) get the engine's OS thread name, so that CPU
+        accounting can tell the engine from the serving code around it."""
+        threads_before = threads.native_ids()
+        engine = cls(cls._load(model_dir, device, config), config)
+        threads.name_native(threads.native_ids() - threads_before, ENGINE_THREAD_NAME)
+        return engine
+
+    @staticmethod
+    def _load(model_dir: Path, device: str, config: EngineConfig):
         if config.dtype == "auto":
             dtype = torch.float32 if device == "cpu" else torch.bfloat16
         elif config.dtype in DTYPES:
             dtype = DTYPES[config.dtype]
         else:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {config.dtype!r}")
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-        return cls(model, config)
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 
     def add(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         eos = set(self.eos_token_ids) | ({params.end_id} if params.end_id is not None else set())
