@@ -8,6 +8,7 @@ import torch
 from tritonfront import model_sources
 from tritonfront.engines import EngineConfig, SamplingParams
 from tritonfront.engines.hf import HFEngine
+from tritonfront.engines.varlen_attention import attention_forward
 from tritonfront.engines import varlen_attention as varlen_module
 from tritonfront.engines.varlen_attention import varlen_attention
 
@@ -51,12 +52,15 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 
 
 def greedy_tokens(attention: str, max_batch_tokens: int) -> list[list[int]]:
+    """Also checks that the per-request attention skips the [tokens, cache] mask the packed one builds."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder = model_sources.llm_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     engine = HFEngine(model, EngineConfig(kv_cache_tokens=4096, max_batch_tokens=max_batch_tokens, attention=attention))
+    mask = engine._manager.batch_processor.inputs_and_outputs.attention_mask
+    assert (mask is None) == (attention == "varlen")
     try:
         results = {i: [] for i in range(len(PROMPTS))}
         for i, prompt in enumerate(PROMPTS):
@@ -83,3 +87,8 @@ def test_greedy_tokens_equal_transformers_packed_attention(monkeypatch):
     assert greedy_tokens("varlen", max_batch_tokens=16) == packed
     assert calls, "the varlen engine never used the per-request attention"
     assert greedy_tokens("varlen", max_batch_tokens=512) == packed
+
+
+def test_refuses_to_run_outside_continuous_batching():
+    with pytest.raises(RuntimeError, match="only under continuous batching"):
+        attention_forward(None, torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4))

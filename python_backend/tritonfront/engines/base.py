@@ -64,8 +64,8 @@ class EngineConfig:
     kv_cache_tokens: int = 16384  # 0: let the engine size its KV cache from free memory
     max_batch_tokens: int = 512  # prefill chunk budget of one forward pass
     dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU
-    # "varlen": per-request attention over the paged cache on the CPU (engines/varlen_attention.py);
-    # "sdpa": transformers' own packed attention. Other engines ignore it.
+    # "varlen": per-request attention over the paged cache on the CPU (engines/varlen_attention.py;
+    # GPUs keep transformers' choice); "sdpa": transformers' own packed attention. Only hf uses it.
     attention: str = "varlen"
 
 

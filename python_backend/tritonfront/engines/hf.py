@@ -186,7 +186,9 @@ class HFEngine(Engine):
     def __init__(self, model, config: EngineConfig):
         if config.attention not in ATTENTION:
             raise ValueError(f"attention must be one of {ATTENTION}, got {config.attention!r}")
-        if config.attention == "varlen":
+        # On a GPU transformers picks its own varlen (flash) kernels when installed.
+        varlen = config.attention == "varlen" and model.device.type == "cpu"
+        if varlen:
             varlen_attention.enable(model)
         text_config = model.config.get_text_config()
         self.vocab_size = int(text_config.vocab_size)
@@ -196,6 +198,8 @@ class HFEngine(Engine):
             num_blocks=math.ceil(config.kv_cache_tokens / PAGE_TOKENS) if config.kv_cache_tokens else None,
             max_batch_tokens=config.max_batch_tokens,
             max_requests_per_batch=config.max_num_seqs,
+            # The block-table decode path needs a kernel that reads cache pages itself.
+            max_blocks_per_request=0 if varlen else None,
             # Headroom for the vocabulary-sized tensors of per-request sampling (transformers picks
             # this itself only when it knows of logits processors, which it does not of ours).
             max_memory_percent=None if model.device.type == "cpu" else 0.8,

@@ -13,53 +13,38 @@ of them, each query head group packed onto its key head (no repeat_kv), and each
 in one causal SDPA whose mask is offset by what the cache already holds for it. Greedy tokens are
 the same as with the stock path (tests/unit/test_varlen_attention.py).
 
-It replaces transformers' "sdpa" entry once per process and engages only for models whose config
-asks for it (HFEngine sets `tritonfront_varlen_attention`), and only where it applies: a paged
-cache read by index (not the block-table fast path), on the CPU, without sliding windows, softcap
-or position bias. Everything else goes to the stock function unchanged.
+How it is plugged in: transformers' continuous batching treats an attention implementation
+whose name contains "flash" as a varlen kernel: it passes the per-request cumulative lengths and
+builds no [tokens, cached tokens] mask (with "sdpa" that mask is rebuilt every step and sized by
+max_batch_tokens x the whole cache: 2.4 GB for 8192 x 65536 tokens). So the function is registered
+under such a name and set on the model's config after loading (`from_pretrained` would look for a
+flash kernel of that name). The block-table decode path stays off (`max_blocks_per_request=0`):
+it needs a kernel that reads cache pages itself. Only continuous batching may call it.
 """
-import threading
-
 import torch
+from transformers import AttentionInterface
 from transformers.generation.continuous_batching.cache import PagedAttentionCache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-CONFIG_FLAG = "tritonfront_varlen_attention"
-_install_lock = threading.Lock()
-_stock = sdpa_attention_forward
-
-
-def install() -> None:
-    """Puts the dispatcher in transformers' "sdpa" entry; idempotent."""
-    with _install_lock:
-        if ALL_ATTENTION_FUNCTIONS["sdpa"] is not dispatch:
-            ALL_ATTENTION_FUNCTIONS["sdpa"] = dispatch
+NAME = "tritonfront_cpu_varlen_flash"
 
 
 def enable(model) -> None:
-    install()
-    setattr(model.config, CONFIG_FLAG, True)
-    text_config = model.config.get_text_config()
-    if text_config is not model.config:
-        setattr(text_config, CONFIG_FLAG, True)
+    """Makes `model` (loaded on the CPU with any attention) use this attention under continuous
+    batching. The engine must build its continuous batching config with max_blocks_per_request=0."""
+    layer_types = getattr(model.config.get_text_config(), "layer_types", None) or []
+    if "sliding_attention" in layer_types:
+        raise ValueError(f"attention varlen does not implement sliding windows ({type(model).__name__}): use sdpa")
+    AttentionInterface.register(NAME, attention_forward)
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        config._attn_implementation_internal = NAME
 
 
-def applies(module, query: torch.Tensor, cache, kwargs: dict) -> bool:
-    return (getattr(getattr(module, "config", None), CONFIG_FLAG, False)
-            and isinstance(cache, PagedAttentionCache)
-            and query.device.type == "cpu"
-            and kwargs.get("block_table") is None
-            and getattr(module, "sliding_window", None) is None
-            and kwargs.get("softcap") is None
-            and kwargs.get("position_bias") is None)
-
-
-def dispatch(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
-             cache=None, **kwargs):
-    if not applies(module, query, cache, kwargs):
-        return _stock(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                      is_causal=is_causal, cache=cache, **kwargs)
+def attention_forward(module, query, key, value, attention_mask=None, dropout: float = 0.0, scaling=None,
+                      is_causal=None, cache=None, **kwargs):
+    if not isinstance(cache, PagedAttentionCache) or kwargs.get("block_table") is not None:
+        raise RuntimeError(f"attention {NAME!r} runs only under continuous batching with index-read caches")
+    if getattr(module, "sliding_window", None) is not None or kwargs.get("softcap") is not None:
+        raise RuntimeError(f"attention {NAME!r} does not implement sliding windows or softcap: use attention sdpa")
     key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
     return varlen_attention(query, key, value, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"], scaling), None
 
