@@ -12,6 +12,8 @@ from typing import Optional, Sequence
 from ..errors import InvalidInput
 
 UINT64_MAX = 2**64 - 1
+# Weight and activation types an engine is asked for by name; "auto": float32 on CPU, bfloat16 on GPU.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences in one forward pass
     kv_cache_tokens: int = 16384  # 0: let the engine size its KV cache from free memory
     max_batch_tokens: int = 512  # prefill chunk budget of one forward pass
-    dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU
+    dtype: str = "auto"  # one of DTYPES
 
 
 @dataclass

@@ -25,11 +25,11 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 from transformers.generation.continuous_batching.model_runner import infer_max_single_request_tokens
 from transformers.generation.logits_process import LogitsProcessorList
 
-from .base import Engine, EngineConfig, EngineOutput, SamplingParams
+from .base import DTYPES, Engine, EngineConfig, EngineOutput, SamplingParams
 
 _MASK32 = 0xFFFFFFFF
 _MASK64 = 0xFFFFFFFFFFFFFFFF
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PAGE_TOKENS = 256  # KV cache page: kv_cache_tokens is rounded up to whole pages
 
 
@@ -214,10 +214,10 @@ class HFEngine(Engine):
     def from_folder(cls, model_dir: Path, device: str, config: EngineConfig) -> "HFEngine":
         if config.dtype == "auto":
             dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        elif config.dtype in DTYPES:
-            dtype = DTYPES[config.dtype]
+        elif config.dtype in TORCH_DTYPES:
+            dtype = TORCH_DTYPES[config.dtype]
         else:
-            raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {config.dtype!r}")
+            raise ValueError(f"dtype must be one of {DTYPES}, got {config.dtype!r}")
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         return cls(model, config)
 
