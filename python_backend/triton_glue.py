@@ -6,8 +6,11 @@ results go back as responses; a bad request gets an INVALID_ARG error naming the
 else an INTERNAL error with the exception's type and message (the traceback goes to the server
 log, never to the client).
 """
+import importlib.util
 import json
 import logging
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -25,6 +28,14 @@ def load_config(args: dict, kind: str) -> model_config.Config:
     """The model's typed config (tritonfront.model_config) from initialize's args; raises
     ConfigError, which fails loading with its message."""
     return model_config.from_model_config(kind, json.loads(args["model_config"]))
+
+
+def load_model_file(path: Path, module_name: str) -> ModuleType:
+    """Another model's model.py as a module, for a model that builds on its adapter."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def inputs(request) -> dict[str, np.ndarray]:
