@@ -1,5 +1,5 @@
 """A stand-in for triton_python_backend_utils, the module Triton's Python stub provides, with the
-parts of its API the adapters use. Tests load this file as that module (tests/unit/adapters.py).
+parts of its API the adapters use. Tests load this file as that module (tests/unit/test_adapters.py).
 
 Beside the real names it has what a test needs to play Triton's side: FakeRequest (the requests
 execute gets), ResponseSender (records what is sent) and a record of the metrics made.
