@@ -32,17 +32,14 @@ class Parameter:
     type: type  # int or str
     default: Any
     help: str
-    choices: Optional[tuple] = None
-    minimum: Optional[int] = None
-    maximum: Optional[int] = None
+    choices: Optional[tuple] = None  # the allowed values of a str parameter
+    minimum: Optional[int] = None  # the least value of an int parameter
 
     @property
     def allowed(self) -> str:
         if self.choices is not None:
             return f"one of {', '.join(self.choices)}"
-        bounds = [f">= {self.minimum}"] if self.minimum is not None else []
-        bounds += [f"<= {self.maximum}"] if self.maximum is not None else []
-        return " ".join(["an integer", " and ".join(bounds)]).strip()
+        return "an integer" if self.minimum is None else f"an integer >= {self.minimum}"
 
     def parse(self, value: str) -> Any:
         """The typed value of a config.pbtxt string, or ConfigError naming parameter, value and
@@ -56,7 +53,7 @@ class Parameter:
                 number = int(value.strip())
             except ValueError:
                 raise bad() from None
-            if (self.minimum is not None and number < self.minimum) or (self.maximum is not None and number > self.maximum):
+            if self.minimum is not None and number < self.minimum:
                 raise bad()
             return number
         if self.choices is not None and value not in self.choices:
@@ -64,9 +61,8 @@ class Parameter:
         return value
 
 
-def _parameter(default: Any, help: str, *, choices: Optional[tuple] = None, minimum: Optional[int] = None,
-               maximum: Optional[int] = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum, "maximum": maximum})
+def _parameter(default: Any, help: str, *, choices: Optional[tuple] = None, minimum: Optional[int] = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
 
 
 def _model_source(default: str) -> Any:
@@ -79,10 +75,6 @@ def _num_threads(default: int) -> Any:
     return _parameter(default, "torch intra-op threads per instance; 0: one per core", minimum=0)
 
 
-def _max_text_bytes() -> Any:
-    return _parameter(DEFAULT_MAX_TEXT_BYTES, "UTF-8 bytes one text may have; a longer one is INVALID_ARG", minimum=1)
-
-
 class Config:
     """Base of the config classes: the structure of config.pbtxt the model's code relies on."""
 
@@ -93,7 +85,8 @@ class Config:
 @dataclass(frozen=True)
 class TokenizerConfig(Config):
     model_source: str = _model_source("embed")
-    max_text_bytes: int = _max_text_bytes()
+    max_text_bytes: int = _parameter(DEFAULT_MAX_TEXT_BYTES, "UTF-8 bytes one text may have; a longer one is "
+                                                             "INVALID_ARG", minimum=1)
 
 
 @dataclass(frozen=True)
@@ -111,9 +104,8 @@ class PoolerConfig(Config):
 
 
 @dataclass(frozen=True)
-class LLMTokenizerConfig(Config):
+class LLMTokenizerConfig(TokenizerConfig):
     model_source: str = _model_source("llm")
-    max_text_bytes: int = _max_text_bytes()
 
 
 @dataclass(frozen=True)
@@ -161,8 +153,7 @@ CONFIGS: dict[str, type] = {"tokenizer": TokenizerConfig, "encoder": EncoderConf
                             "llm_tokenizer": LLMTokenizerConfig, "llm": LLMConfig, "detokenizer": DetokenizerConfig}
 
 PARAMETERS: dict[str, dict[str, Parameter]] = {
-    kind: {f.name: Parameter(f.name, f.type, f.default, f.metadata["help"], f.metadata["choices"],
-                             f.metadata["minimum"], f.metadata["maximum"])
+    kind: {f.name: Parameter(f.name, f.type, f.default, f.metadata["help"], f.metadata["choices"], f.metadata["minimum"])
            for f in dataclasses.fields(config)}
     for kind, config in CONFIGS.items()
 }
