@@ -1,5 +1,7 @@
 """What every model.py shares with Triton's Python backend, and the only module beside them that
-imports triton_python_backend_utils (it exists only inside a Triton Python stub).
+imports triton_python_backend_utils (it exists only inside a Triton Python stub, which adds its
+classes, MetricFamily and the like, only after model.py is imported: nothing here may use them at
+import time).
 
 Requests come in as mappings of input name to numpy array for the library (tritonfront), whose
 results go back as responses; a bad request gets an INVALID_ARG error naming the input, anything
@@ -118,10 +120,6 @@ class StreamResponder:
         return handle[0].is_cancelled()
 
 
-_KINDS = {"gauge": pb_utils.MetricFamily.GAUGE, "counter": pb_utils.MetricFamily.COUNTER,
-          "histogram": pb_utils.MetricFamily.HISTOGRAM}
-
-
 class Metrics:
     """Makes Prometheus metrics on Triton's metrics port, all with the same labels; holds their
     families, which must outlive the metrics."""
@@ -131,7 +129,8 @@ class Metrics:
         self.families: list = []
 
     def __call__(self, spec: MetricSpec, buckets: Sequence[float] = ()) -> Any:
-        family = pb_utils.MetricFamily(name=spec.name, description=spec.description, kind=_KINDS[spec.kind])
+        kind = getattr(pb_utils.MetricFamily, spec.kind.upper())  # GAUGE, COUNTER, HISTOGRAM
+        family = pb_utils.MetricFamily(name=spec.name, description=spec.description, kind=kind)
         self.families.append(family)
         if spec.kind == "histogram":
             return family.Metric(labels=self.labels, buckets=list(buckets))

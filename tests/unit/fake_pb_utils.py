@@ -9,6 +9,9 @@ import threading
 import numpy as np
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+# What the real module gets from the stub's C++ side only after model.py was imported (the module
+# file itself defines constants and helpers): used at import time, they fail in a real server.
+STUB_PROVIDED = ("Tensor", "TritonError", "InferenceResponse", "MetricFamily")
 
 
 class Tensor:

@@ -2,6 +2,7 @@
 (fake_pb_utils.py installed as triton_python_backend_utils), as Triton's stub drives them: the
 committed config.pbtxt as initialize's args, requests in, responses or decoupled sends out.
 Tokenizers, encoder and pooling head are the bundled models; the llm's engine is a small fake."""
+import contextlib
 import importlib.util
 import itertools
 import json
@@ -27,20 +28,40 @@ ROOT = Path(__file__).resolve().parents[2]
 LLM_NAMES = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def pb_utils():
-    """The fake installed as triton_python_backend_utils while this module's tests run; the glue is
-    imported afresh on top of it."""
+def fake_pb_utils():
     spec = importlib.util.spec_from_file_location("triton_python_backend_utils", Path(__file__).with_name("fake_pb_utils.py"))
     fake = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fake)
+    return fake
+
+
+@contextlib.contextmanager
+def installed(fake):
+    """`fake` as triton_python_backend_utils, with the glue imported afresh on top of it."""
     saved = {name: sys.modules.pop(name, None) for name in ("triton_python_backend_utils", "triton_glue")}
     sys.modules["triton_python_backend_utils"] = fake
-    yield fake
-    for name, module in saved.items():
-        sys.modules.pop(name, None)
-        if module is not None:
-            sys.modules[name] = module
+    try:
+        yield fake
+    finally:
+        for name, module in saved.items():
+            sys.modules.pop(name, None)
+            if module is not None:
+                sys.modules[name] = module
+
+
+@pytest.fixture(scope="module")
+def pb_utils():
+    with installed(fake_pb_utils()) as fake:
+        yield fake
+
+
+@pytest.mark.parametrize("model", ["tokenizer", "llm_tokenizer", "encoder", "pooler", "detokenizer", "llm"])
+def test_the_glue_and_adapters_import_before_the_stub_adds_its_classes(model):
+    fake = fake_pb_utils()
+    for name in fake.STUB_PROVIDED:
+        delattr(fake, name)
+    with installed(fake):
+        load_adapter(fake, model)
 
 
 def triton_args(model: str, name: str = "", parameters: dict = {}, **config_changes) -> dict:
