@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from .generation import Load
+from .load import Load
 from .shared_tables import DEFAULT_DIRECTORY, open_rows, remove_stale_tables, table_path
 
 FIELDS = ("outstanding_tokens", "waiting_requests", "active_sequences", "heartbeat_ns")

@@ -46,11 +46,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from .errors import InvalidInput
+from .inputs import Inputs, required
 
 DETOKENIZER_WINDOW = 8
 
@@ -66,6 +67,31 @@ class Chunk:
     context_ids: Sequence[int]  # Python ints (numpy scalars would be hashed and compared slowly)
     output_ids: Sequence[int]
     is_final: bool
+
+
+# Inputs of a chunk that the `detokenizer` passes on to the client unchanged.
+PASSED_THROUGH = ("finish_reason", "prompt_tokens", "completion_tokens")
+
+
+@dataclass
+class DetokenizeRequest:
+    """A `detokenizer` request: one chunk per batch row."""
+
+    chunks: list[Chunk]
+    passed_through: dict[str, np.ndarray]  # PASSED_THROUGH inputs, [rows, 1] each
+    delivery: Optional[np.ndarray]  # [rows, 4] the llm's stamps, to acknowledge once decoded
+
+    @classmethod
+    def parse(cls, inputs: Inputs) -> "DetokenizeRequest":
+        # Triton has checked that every input has the same batch size (rows).
+        output_ids = required(inputs, "output_ids")
+        rows = output_ids.shape[0]
+        context_ids = required(inputs, "context_ids")
+        is_final = required(inputs, "is_final").reshape(rows)
+        passed_through = {name: required(inputs, name).reshape(rows, 1) for name in PASSED_THROUGH}
+        chunks = [Chunk(context.tolist(), output.tolist(), bool(final))
+                  for context, output, final in zip(context_ids, output_ids, is_final)]
+        return cls(chunks, passed_through, inputs.get("delivery"))
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -298,3 +324,19 @@ class StreamDetokenizer:
         for r, start, end in spans:
             results[r] = texts[start:end]
         return results
+
+    def respond(self, requests: Sequence[DetokenizeRequest],
+                acknowledge: Callable[[np.ndarray], None]) -> list:
+        """The `detokenizer` model's outputs per request, or the InvalidInput it earned; the chunks
+        of each request that decoded are acknowledged to their llm rank (tritonfront.delivery)."""
+        results = self.detokenize_requests([request.chunks for request in requests])
+        outputs: list = []
+        for request, texts in zip(requests, results):
+            if isinstance(texts, Exception):
+                outputs.append(texts)
+                continue
+            if request.delivery is not None:
+                acknowledge(request.delivery)
+            outputs.append({"text_output": np.array([[text.encode("utf-8")] for text in texts], dtype=np.object_),
+                            **request.passed_through})
+        return outputs

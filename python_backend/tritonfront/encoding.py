@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from .errors import InvalidInput
-from .ragged import unpad
+from .inputs import Inputs, required
+from .ragged import pad, unpad
 
 
 def transformer_subfolder(model_dir: Path) -> Path:
@@ -51,6 +52,15 @@ class RaggedEncoder:
             if seq.min() < 0 or seq.max() >= self.vocab_size:
                 raise InvalidInput(f"input_ids[{i}]", f"token ids must be in 0..{self.vocab_size - 1}")
         return sequences
+
+    def parse(self, inputs: Inputs) -> list[np.ndarray]:
+        """An `encoder` request: input_ids [texts, longest] and input_lengths [texts, 1]."""
+        return self.split_sequences(required(inputs, "input_ids"), required(inputs, "input_lengths"))
+
+    def encode_requests(self, requests: Sequence[Sequence[np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """The `encoder` model's outputs per request, from one encode over every sequence of all."""
+        states = iter(self.encode([seq for sequences in requests for seq in sequences]))
+        return [{"token_states": pad([next(states) for _ in sequences])} for sequences in requests]
 
     @property
     def hidden_size(self) -> int:

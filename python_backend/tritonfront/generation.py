@@ -1,18 +1,17 @@
-"""The `llm` model's serving loop: queued requests in, engine steps, response chunks out.
+"""The `llm` model's serving loop: requests in, engine steps, response chunks out.
 
-`execute` only validates and queues. One thread per model instance owns the rest: it waits for
-the engine's new tokens, turns them into chunks per request (EOS and end_id, stop words,
+The model's `execute` (Triton's thread) parses and validates each request and submits it here,
+which queues it into the engine; then, before returning for the next request, it blocks while
+this instance holds max_active_requests unfinished requests (`wait_for_room`) and, with token
+balancing, while another rank has fewer outstanding tokens (tritonfront.balancing), so waiting
+requests stay in Triton's queue. One thread per model instance owns the rest: it waits for the
+engine's new tokens, turns them into chunks per request (EOS and end_id, stop words,
 max_tokens, stream_interval), sends them, and polls client cancellation between engine steps,
 so a cancelled request leaves the batch (and frees its KV cache) within one step. Streams
 abandoned behind the ensemble, which Triton does not cancel, are found through a
 DeliveryTracker (tritonfront.delivery) and leave the same way. Sending and the cancellation
 check are a Responder's job, so this runs and is tested without Triton.
-
-`hand_over` is the other receive path, kept as the baseline that perf/bench_receive_path.py
-measures the committed one against: the loop thread itself parses and validates each request
-between steps, as engines whose scheduler loop receives requests do.
 """
-import collections
 import itertools
 import logging
 import threading
@@ -23,7 +22,9 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from .delivery import NO_SLOT, DeliveryTracker
-from .engines.base import Engine, EngineOutput, SamplingParams
+from .engines.base import Engine, EngineOutput
+from .generation_request import GenerationRequest
+from .load import Load
 from .stopping import StopMatcher
 
 FINISH_LENGTH, FINISH_STOP, FINISH_CANCELLED = "length", "stop", "cancelled"
@@ -115,17 +116,6 @@ class Completion:
         return Chunk(ids, context, final, self.finish_reason if final else "", self.prompt_tokens, self._sent)
 
 
-@dataclass
-class Load:
-    """This instance's share of the work, as the balancing gate and the metrics see it."""
-
-    outstanding_tokens: int = 0  # prompt + generated tokens of every unfinished request
-    waiting_requests: int = 0  # queued, no token generated yet
-    active_sequences: int = 0  # unfinished requests
-    cancelled_requests: int = 0  # since start, abandoned streams included
-    kv_cache_blocks: int = 0  # held by unfinished requests, as the engine counts them
-
-
 class Responder(Protocol):
     def send(self, handle: Any, chunk: Chunk) -> None: ...
 
@@ -144,8 +134,7 @@ class _Live:
 class GenerationLoop:
     def __init__(self, engine: Engine, responder: Responder, stream_interval: int = 1, context_window: int = 0,
                  on_load: Callable[[Load], None] = lambda load: None, poll_s: float = 0.02,
-                 idle_cancel_check_s: float = 0.1, on_step: Optional[Callable[[float], None]] = None,
-                 delivery: Optional[DeliveryTracker] = None):
+                 idle_cancel_check_s: float = 0.1, delivery: Optional[DeliveryTracker] = None):
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self.engine = engine
@@ -155,11 +144,7 @@ class GenerationLoop:
         self.on_load = on_load
         self.poll_s = poll_s  # longest wait for engine output
         self.idle_cancel_check_s = idle_cancel_check_s
-        # Gets the seconds of each turn's work once the engine's outputs are in hand (turns with
-        # nothing to do are not counted); None: the clock is not even read.
-        self.on_step = on_step
         self.delivery = delivery
-        self._handed_over: collections.deque = collections.deque()
         self._cancellations_checked = 0.0
         self._live: dict[str, _Live] = {}
         self._cancelled = 0
@@ -172,31 +157,25 @@ class GenerationLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, handle: Any, prompt_ids: Sequence[int], params: SamplingParams,
-               stop_sequences: Sequence[Sequence[int]] = (), stream: bool = False,
-               delivery_acknowledged: bool = False) -> None:
+    def submit(self, handle: Any, request: GenerationRequest) -> None:
+        params = request.params
         end_ids = self.engine.eos_token_ids | ({params.end_id} if params.end_id is not None else set())
-        completion = Completion(len(prompt_ids), stop_sequences, frozenset(end_ids), stream, self.stream_interval,
-                                self.context_window if stream else 0)
+        completion = Completion(len(request.prompt_ids), request.stop_sequences, frozenset(end_ids), request.stream,
+                                self.stream_interval, self.context_window if request.stream else 0)
         request_id = f"req-{next(self._ids)}"
         # Registered and added as one step, so a cancellation check cannot fall in between and
         # cancel in the engine a request it does not have yet.
         with self._lock:
             self._live[request_id] = _Live(request_id, handle, completion)
             try:
-                self.engine.add(request_id, prompt_ids, params)
+                self.engine.add(request_id, request.prompt_ids, params)
             except Exception:
                 del self._live[request_id]
                 raise
             # Only a stream's chunks come before its end; a whole response has nothing to watch.
-            if stream and delivery_acknowledged and self.delivery is not None:
+            if request.stream and request.delivery_acknowledged and self.delivery is not None:
                 self.delivery.track(request_id)
         self.publish_load()
-
-    def hand_over(self, handle: Any, prepare: Callable[[], dict]) -> None:
-        """Queues a request for the loop thread, which calls `prepare` (it parses and validates,
-        and returns submit()'s keyword arguments or raises) and submits it at its next turn."""
-        self._handed_over.append((handle, prepare))
 
     def load(self) -> Load:
         with self._lock:
@@ -228,8 +207,7 @@ class GenerationLoop:
             self.step()
 
     def step(self) -> None:
-        """One turn of the loop: requests handed over into the engine, the engine's new tokens out to
-        their clients, then cancellations."""
+        """One turn of the loop: waits up to poll_s for the engine's new tokens, then processes them."""
         try:
             outputs = self.engine.outputs(self.poll_s)
         except Exception as error:  # the engine cannot generate: no request may wait forever
@@ -237,8 +215,11 @@ class GenerationLoop:
             self._fail_all(error)
             self._stopping.wait(self.poll_s)
             return
-        started = time.perf_counter() if self.on_step is not None else 0.0
-        prepared = self._prepare_handed_over()
+        self.process(outputs)
+
+    def process(self, outputs: Sequence[EngineOutput]) -> None:
+        """A turn's work once the engine's outputs are in hand: new tokens out to their clients,
+        then cancellations, then the new load."""
         for output in outputs:
             self._deliver(output)
         # Once per engine step (a step's outputs arrive together), and now and then while
@@ -248,19 +229,6 @@ class GenerationLoop:
             self._cancellations_checked = now
             self._check_cancellations()
         self.publish_load()
-        if self.on_step is not None and (outputs or prepared):
-            self.on_step(time.perf_counter() - started)
-
-    def _prepare_handed_over(self) -> int:
-        count = 0
-        while self._handed_over:
-            handle, prepare = self._handed_over.popleft()
-            count += 1
-            try:
-                self.submit(handle, **prepare())
-            except Exception as error:  # InvalidInput, or an engine that stopped taking requests
-                self._fail(handle, error)
-        return count
 
     def _deliver(self, output: EngineOutput) -> None:
         with self._lock:
@@ -308,8 +276,6 @@ class GenerationLoop:
                     self.delivery.release(request_id)
             lost, self._live = [live.handle for live in self._live.values()], {}
             self._room.notify_all()
-        while self._handed_over:
-            lost.append(self._handed_over.popleft()[0])
         for handle in lost:
             self._fail(handle, error)
 

@@ -44,12 +44,14 @@ def llm_model_dir() -> Path:
     return gguf_to_hf_folder(source) if source.suffix == ".gguf" else source
 
 
+# The `model_source` parameter of a model's config.pbtxt names one of these.
+SOURCES = {"embed": embed_model_dir, "llm": llm_model_dir}
+
+
 def model_dir(source: str) -> Path:
-    """`source` is the `model_source` parameter of a model's config.pbtxt."""
-    resolvers = {"embed": embed_model_dir, "llm": llm_model_dir}
-    if source not in resolvers:
-        raise ValueError(f"model_source must be one of {sorted(resolvers)}, got {source!r}")
-    return resolvers[source]()
+    if source not in SOURCES:
+        raise ValueError(f"model_source must be one of {sorted(SOURCES)}, got {source!r}")
+    return SOURCES[source]()
 
 
 def gguf_to_hf_folder(gguf_file: Path) -> Path:

@@ -10,14 +10,25 @@ import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
+import numpy as np
 import torch
 
+from .encoding import transformer_subfolder
 from .errors import InvalidInput
-from .ragged import RaggedBatch
+from .inputs import Inputs, required, scalar
+from .ragged import RaggedBatch, pad, unpad
 
 POOLING_MODES = ("mean", "cls", "max", "lasttoken", "mean_sqrt_len_tokens", "weightedmean")
+SENTENCE, TOKENS = "embedding", "token_embeddings"  # the pooler's outputs
+
+
+@dataclass
+class PoolerRequest:
+    sequences: list[np.ndarray]  # [tokens, hidden] token states per text
+    outputs: frozenset  # SENTENCE and/or TOKENS: only what the caller asked for is computed
+    dimensions: Optional[int]  # Matryoshka: keep this many leading components
 
 
 @dataclass
@@ -65,6 +76,12 @@ class PoolingHead:
     dense: list = field(default_factory=list)
     normalized: bool = False
     hidden_size: int = 0
+
+    @classmethod
+    def for_model(cls, model_dir: Path) -> "PoolingHead":
+        """The head of a model folder, over the hidden states of its transformer."""
+        config = json.loads((transformer_subfolder(model_dir) / "config.json").read_text())
+        return cls.from_folder(model_dir, config["hidden_size"])
 
     @classmethod
     def from_folder(cls, model_dir: Path, hidden_size: int) -> "PoolingHead":
@@ -116,6 +133,40 @@ class PoolingHead:
     def check_dimensions(self, dimensions: Optional[int], limit: int) -> None:
         if dimensions is not None and not 1 <= dimensions <= limit:
             raise InvalidInput("dimensions", f"{dimensions} is outside 1..{limit} for this model")
+
+    def parse(self, inputs: Inputs, requested_outputs: Sequence[str] = ()) -> PoolerRequest:
+        """A `pooler` request: token_states [texts, longest, hidden], input_lengths, optional
+        dimensions; `requested_outputs` are the outputs the caller asked for (none: embedding)."""
+        states = required(inputs, "token_states")
+        if states.ndim != 3 or states.shape[2] != self.hidden_size:
+            raise InvalidInput("token_states", f"shape {list(states.shape)} must be [texts, tokens, {self.hidden_size}]")
+        sequences = unpad(states, required(inputs, "input_lengths"))
+        outputs = frozenset(requested_outputs) or frozenset([SENTENCE])
+        dimensions = scalar(inputs, "dimensions")
+        for name, limit in ((SENTENCE, self.sentence_dim), (TOKENS, self.token_dim)):
+            if name in outputs:
+                self.check_dimensions(dimensions, limit)
+        return PoolerRequest(sequences, outputs, dimensions)
+
+    def pool_requests(self, requests: Sequence[PoolerRequest]) -> list[dict[str, np.ndarray]]:
+        """The `pooler` model's outputs per request, from one ragged batch of the whole dynamic
+        batch, whichever output each request wants; each output is computed once for all."""
+        batch = RaggedBatch.concat([seq for request in requests for seq in request.sequences])
+        wanted = frozenset().union(*(request.outputs for request in requests))
+        sentences = self.sentence_embeddings(batch) if SENTENCE in wanted else None
+        tokens = batch.split(self.token_embeddings(batch)) if TOKENS in wanted else None
+        results, start = [], 0
+        for request in requests:
+            end = start + len(request.sequences)
+            outputs = {}
+            if SENTENCE in request.outputs:
+                outputs[SENTENCE] = truncate_dimensions(sentences[start:end], request.dimensions, self.normalized).numpy()
+            if TOKENS in request.outputs:
+                outputs[TOKENS] = pad([truncate_dimensions(t, request.dimensions, self.normalized).numpy()
+                                       for t in tokens[start:end]])
+            results.append(outputs)
+            start = end
+        return results
 
     @torch.inference_mode()
     def sentence_embeddings(self, batch: RaggedBatch) -> torch.Tensor:

@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import InvalidInput
+from .inputs import Inputs, optional_strings, scalar, strings
 from .ragged import pad
 
 DEFAULT_MAX_TEXT_BYTES = 64 * 1024
@@ -23,22 +24,20 @@ class TokenizedRequest:
     input_ids: np.ndarray  # [texts, longest] int32, right-padded with pad_id
     input_lengths: np.ndarray  # [texts, 1] int32
 
+    def outputs(self) -> dict[str, np.ndarray]:
+        """The `tokenizer` model's outputs."""
+        return {"input_ids": self.input_ids, "input_lengths": self.input_lengths}
+
 
 @dataclass
 class TextRequest:
     texts: Sequence[str]
     truncate: bool = True
 
-
-def decode_texts(items: Sequence, field: str) -> list[str]:
-    """BYTES tensor items as text; bad UTF-8 is the client's error, named by item and byte."""
-    texts = []
-    for i, raw in enumerate(items):
-        try:
-            texts.append(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
-        except UnicodeDecodeError as error:
-            raise InvalidInput(f"{field}[{i}]", f"is not valid UTF-8 (byte {error.start}: {error.reason})") from None
-    return texts
+    @classmethod
+    def parse(cls, inputs: Inputs) -> "TextRequest":
+        """A `tokenizer` request: text_input (one text per batch row), optional truncate."""
+        return cls(strings(inputs, "text_input"), bool(scalar(inputs, "truncate", True)))
 
 
 def max_sequence_length(model_dir: Path, tokenizer) -> int:
@@ -113,6 +112,10 @@ class BatchTokenizer:
                 results[r] = error
         return results
 
+    def respond(self, requests: Sequence[TextRequest]) -> list:
+        """The `tokenizer` model's outputs per request, or the InvalidInput it earned."""
+        return _outputs(self.encode_requests(requests))
+
     def _pack(self, encodings: list, truncate: bool) -> TokenizedRequest:
         sequences = []
         for i, encoding in enumerate(encodings):
@@ -156,12 +159,28 @@ class PromptRequest:
         # TensorRT-LLM's clients send stop_words "" to mean none: empty words are no stop words.
         self.stop_words = [word for word in self.stop_words if word]
 
+    @classmethod
+    def parse(cls, inputs: Inputs) -> "PromptRequest":
+        """An `llm_tokenizer` request: one prompt in text_input, optional apply_chat_template and
+        stop_words."""
+        texts = strings(inputs, "text_input")
+        if len(texts) != 1:
+            raise InvalidInput("text_input", f"one prompt per request, got {len(texts)}")
+        return cls(texts[0], bool(scalar(inputs, "apply_chat_template", False)),
+                   optional_strings(inputs, "stop_words") or [])
+
 
 @dataclass
 class TokenizedPrompt:
     input_ids: np.ndarray  # [1, tokens] int32
     input_lengths: np.ndarray  # [1, 1] int32
     stop_words_ids: np.ndarray  # [1, words, longest] int32 right-padded with -1; none: [1, 1, 1] of -1
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        """The `llm_tokenizer` model's outputs; delivery_acknowledged is always true (why: its
+        comment in model_repository/llm_tokenizer/config.pbtxt)."""
+        return {"input_ids": self.input_ids, "input_lengths": self.input_lengths,
+                "stop_words_ids": self.stop_words_ids, "delivery_acknowledged": np.array([[True]])}
 
 
 def check_stop_words(words: Sequence[str]) -> None:
@@ -214,6 +233,10 @@ class PromptTokenizer(BatchTokenizer):
                 results[r] = error
         return results
 
+    def respond(self, requests: Sequence[PromptRequest]) -> list:
+        """The `llm_tokenizer` model's outputs per request, or the InvalidInput it earned."""
+        return _outputs(self.encode_prompts(requests))
+
     def _pack_prompt(self, ids: list[int], stop_words: list[list[int]]) -> TokenizedPrompt:
         if not ids:
             raise InvalidInput("text_input", "has no tokens for this model")
@@ -225,3 +248,7 @@ class PromptTokenizer(BatchTokenizer):
                 raise InvalidInput(f"stop_words[{i}]", "has no tokens for this model")
         stop = pad(stop_words, fill=-1, dtype=np.int32) if stop_words else np.full((1, 1), -1, dtype=np.int32)
         return TokenizedPrompt(np.array([ids], dtype=np.int32), np.array([[len(ids)]], dtype=np.int32), stop[None])
+
+
+def _outputs(results: list) -> list:
+    return [result if isinstance(result, InvalidInput) else result.outputs() for result in results]

@@ -32,6 +32,8 @@ from typing import Callable, Optional
 
 import psutil
 
+from .model_config import RELOAD_PARAMETER
+
 STUB = "triton_python_backend_stub"
 MODEL_FILE_ARG, INSTANCE_ARG = 1, 8  # positions in the stub's command line (python_backend r24.10)
 
@@ -86,7 +88,7 @@ class Repository:
             return
         with urllib.request.urlopen(f"http://{self.url}/v2/models/{model}/config", timeout=self.timeout) as response:
             config = json.loads(response.read())
-        config.setdefault("parameters", {})["stub_watchdog_reload"] = {"string_value": str(time.time_ns())}
+        config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(time.time_ns())}
         self._post(f"/v2/repository/models/{model}/load", json.dumps({"parameters": {"config": json.dumps(config)}}).encode())
 
 

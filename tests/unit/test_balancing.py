@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tritonfront.balancing import (BalancingGate, LoadTable, instance_rank, remove_stale_tables, table_path)
-from tritonfront.generation import Load
+from tritonfront.load import Load
 
 
 def rank_process(path, rank, ranks, commands, replies):

@@ -6,8 +6,9 @@ import pytest
 
 from tritonfront.delivery import SLOTS, Acknowledger, DeliveryTracker, ack_table_path
 from tritonfront.engines import Engine, EngineOutput, SamplingParams
-from tritonfront.errors import InvalidInput
-from tritonfront.generation import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerationLoop, Load
+from tritonfront.generation import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerationLoop
+from tritonfront.generation_request import GenerationRequest
+from tritonfront.load import Load
 from tritonfront.shared_tables import open_rows
 
 EOS = 2
@@ -62,7 +63,8 @@ def setup():
 
 
 def submit(loop, engine, handle, prompt_tokens=5, stream=True, stop=(), **params):
-    loop.submit(handle, list(range(10, 10 + prompt_tokens)), SamplingParams(max_tokens=8, **params), stop, stream)
+    loop.submit(handle, GenerationRequest(list(range(10, 10 + prompt_tokens)), SamplingParams(max_tokens=8, **params),
+                                          stop, stream))
     return list(engine.added)[-1]
 
 
@@ -176,51 +178,6 @@ def test_a_waiting_request_is_cancelled_without_engine_output(setup):
     assert client.chunks["a"][-1].finish_reason == FINISH_CANCELLED
 
 
-def test_handed_over_requests_are_prepared_by_the_loop_between_steps(setup):
-    engine, client, loop, loads = setup
-    prepared = []
-
-    def prepare(tokens):
-        def run():
-            prepared.append(tokens)
-            if tokens == 0:
-                raise InvalidInput("input_lengths", "0 is outside 1..3")
-            return {"prompt_ids": list(range(10, 10 + tokens)), "params": SamplingParams(max_tokens=8), "stream": True}
-        return run
-
-    for handle, tokens in (("a", 4), ("bad", 0), ("b", 6)):
-        loop.hand_over(handle, prepare(tokens))
-    assert prepared == [] and engine.added == {} and loop.load() == Load(0, 0, 0, 0)  # nothing yet in execute
-    loop.step()
-    assert prepared == [4, 0, 6]
-    assert [prompt for prompt, _ in engine.added.values()] == [list(range(10, 14)), list(range(10, 16))]
-    assert "input_lengths" in str(client.errors["bad"]) and loads[-1] == Load(10, 2, 2, 0)
-    a = list(engine.added)[0]
-    engine.emit(a, [100], finished=True)
-    loop.step()
-    assert [(c.output_ids, c.finish_reason) for c in client.chunks["a"]] == [([100], FINISH_LENGTH)]
-
-
-def test_handed_over_requests_fail_when_the_model_unloads(setup):
-    engine, client, loop, _ = setup
-    loop.hand_over("a", lambda: pytest.fail("must not be prepared after stop"))
-    loop.stop()
-    assert "unloaded" in str(client.errors["a"])
-
-
-def test_step_times_are_reported_for_turns_that_did_work():
-    engine, client, steps = ScriptedEngine(), Client(), []
-    loop = GenerationLoop(engine, client, poll_s=0, on_step=steps.append)
-    loop.step()  # nothing to do: not a step
-    assert steps == []
-    a = submit(loop, engine, "a")
-    engine.emit(a, [100])
-    loop.step()
-    loop.hand_over("b", lambda: {"prompt_ids": [10, 11], "params": SamplingParams(max_tokens=8)})
-    loop.step()
-    assert len(steps) == 2 and all(0 <= s < 1 for s in steps)
-
-
 def test_a_stream_whose_chunks_are_not_acknowledged_is_freed(tmp_path):
     """Behind the ensemble nobody tells the llm of a cancelled stream: its unacknowledged chunks do."""
     now = [0.0]
@@ -228,8 +185,9 @@ def test_a_stream_whose_chunks_are_not_acknowledged_is_freed(tmp_path):
     tracker = DeliveryTracker(rows[0], 7, 0, timeout_s=5.0, clock=lambda: now[0])
     engine, client = ScriptedEngine(), Client()
     loop = GenerationLoop(engine, client, poll_s=0, idle_cancel_check_s=0, delivery=tracker)
-    loop.submit("gone", [10, 11], SamplingParams(max_tokens=50), stream=True, delivery_acknowledged=True)
-    loop.submit("direct", [10, 11], SamplingParams(max_tokens=50), stream=True)
+    loop.submit("gone", GenerationRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
+                                          delivery_acknowledged=True))
+    loop.submit("direct", GenerationRequest([10, 11], SamplingParams(max_tokens=50), stream=True))
     gone, direct = list(engine.added)
     for _ in range(3):
         engine.emit(gone, [100])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tritonfront import model_sources
+from tritonfront import model_sources, ragged
 from tritonfront.encoding import RaggedEncoder
 from tritonfront.errors import InvalidInput
 from tritonfront.pooling import POOLING_MODES, DenseLayer, PoolingHead, pool, truncate_dimensions
@@ -144,6 +144,28 @@ def test_dimensions_limits_name_the_field_and_range():
             head.check_dimensions(bad, head.sentence_dim)
     for good in (None, 1, HIDDEN):
         head.check_dimensions(good, head.sentence_dim)
+
+
+def test_each_request_of_a_batch_gets_its_own_outputs_and_dimensions():
+    head = PoolingHead(modes=("cls",), dense=dense_heads("tanh", ("cls",)), normalized=True, hidden_size=HIDDEN)
+    sequences = random_batch(3)
+    states = ragged.pad(sequences[:3])
+    lengths = np.array([[len(s)] for s in sequences[:3]], dtype=np.int32)
+    requests = [head.parse({"token_states": states, "input_lengths": lengths}),
+                head.parse({"token_states": states, "input_lengths": lengths, "dimensions": np.array([[16]] * 3, dtype=np.int32)},
+                           ["embedding", "token_embeddings"]),
+                head.parse({"token_states": states[:1], "input_lengths": lengths[:1]}, ["token_embeddings"])]
+    full, cut, tokens_only = head.pool_requests(requests)
+    assert set(full) == {"embedding"} and set(cut) == {"embedding", "token_embeddings"} and set(tokens_only) == {"token_embeddings"}
+    batch = RaggedBatch.concat(sequences[:3])
+    expected = head.sentence_embeddings(batch)
+    np.testing.assert_allclose(full["embedding"], expected.numpy(), atol=1e-5)
+    np.testing.assert_allclose(cut["embedding"], truncate_dimensions(expected, 16).numpy(), atol=1e-5)
+    assert cut["token_embeddings"].shape == (3, states.shape[1], 16)
+    first_tokens = head.token_embeddings(RaggedBatch.concat(sequences[:1])).numpy()
+    np.testing.assert_allclose(tokens_only["token_embeddings"][0, :len(sequences[0])], first_tokens, atol=1e-5)
+    with pytest.raises(InvalidInput, match=r"^dimensions: 200 is outside 1\.\.128 for this model$"):
+        head.parse({"token_states": states, "input_lengths": lengths, "dimensions": np.array([[200]] * 3, dtype=np.int32)})
 
 
 def test_bundled_model_head_is_mean_and_normalized():

@@ -5,7 +5,7 @@ transformers engine runs, and the reverse need not hold either.
 """
 from pathlib import Path
 
-from .base import Engine, EngineConfig, EngineOutput, SamplingParams
+from .base import ATTENTIONS, DTYPES, Engine, EngineConfig, EngineOutput, SamplingParams
 
 ENGINES = ("hf", "tensorrt_llm")
 
@@ -22,4 +22,4 @@ def create_engine(name: str, model_dir: Path, device: str, config: EngineConfig)
     raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
 
 
-__all__ = ["ENGINES", "Engine", "EngineConfig", "EngineOutput", "SamplingParams", "create_engine"]
+__all__ = ["ATTENTIONS", "DTYPES", "ENGINES", "Engine", "EngineConfig", "EngineOutput", "SamplingParams", "create_engine"]

@@ -14,6 +14,12 @@ from ..errors import InvalidInput
 UINT64_MAX = 2**64 - 1
 # The OS name (/proc/<pid>/task/<tid>/comm) of the threads that run an engine's model.
 ENGINE_THREAD_NAME = "tf-engine"
+# Weight and activation types an engine is asked for by name; "auto": float32 on CPU, bfloat16 on GPU.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Attention of the transformers engine: "varlen", per request over the paged cache on the CPU
+# (engines/varlen_attention.py; GPUs keep transformers' choice); "sdpa", transformers' own packed
+# attention, quadratic in the batch (the stock engine, kept for comparison).
+ATTENTIONS = ("varlen", "sdpa")
 
 
 @dataclass(frozen=True)
@@ -63,10 +69,8 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences in one forward pass
     kv_cache_tokens: int = 16384  # 0: let the engine size its KV cache from free memory
     max_batch_tokens: int = 512  # prefill chunk budget of one forward pass
-    dtype: str = "auto"  # "auto": float32 on CPU, bfloat16 on GPU
-    # "varlen": per-request attention over the paged cache on the CPU (engines/varlen_attention.py;
-    # GPUs keep transformers' choice); "sdpa": transformers' own packed attention. Only hf uses it.
-    attention: str = "varlen"
+    dtype: str = "auto"  # one of DTYPES
+    attention: str = "varlen"  # one of ATTENTIONS; only the transformers engine reads it
 
 
 @dataclass

@@ -27,11 +27,11 @@ from transformers.generation.logits_process import LogitsProcessorList
 
 from .. import threads
 from . import varlen_attention
-from .base import ENGINE_THREAD_NAME, Engine, EngineConfig, EngineOutput, SamplingParams
+from .base import ATTENTIONS, DTYPES, ENGINE_THREAD_NAME, Engine, EngineConfig, EngineOutput, SamplingParams
 
 _MASK32 = 0xFFFFFFFF
 _MASK64 = 0xFFFFFFFFFFFFFFFF
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PAGE_TOKENS = 256  # KV cache page: kv_cache_tokens is rounded up to whole pages
 
 
@@ -179,13 +179,10 @@ def eos_token_ids(model) -> set[int]:
     return {int(i) for i in ids if i is not None and i >= 0}
 
 
-ATTENTION = ("varlen", "sdpa")
-
-
 class HFEngine(Engine):
     def __init__(self, model, config: EngineConfig):
-        if config.attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {ATTENTION}, got {config.attention!r}")
+        if config.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {config.attention!r}")
         # On a GPU transformers picks its own varlen (flash) kernels when installed.
         varlen = config.attention == "varlen" and model.device.type == "cpu"
         if varlen:
@@ -237,10 +234,10 @@ class HFEngine(Engine):
     def _load(model_dir: Path, device: str, config: EngineConfig):
         if config.dtype == "auto":
             dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        elif config.dtype in DTYPES:
-            dtype = DTYPES[config.dtype]
+        elif config.dtype in TORCH_DTYPES:
+            dtype = TORCH_DTYPES[config.dtype]
         else:
-            raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {config.dtype!r}")
+            raise ValueError(f"dtype must be one of {DTYPES}, got {config.dtype!r}")
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 
     def add(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:

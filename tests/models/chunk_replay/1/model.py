@@ -1,14 +1,14 @@
 import numpy as np
-import triton_python_backend_utils as pb_utils
 
+import triton_glue
 from tritonfront.detokenization import DETOKENIZER_WINDOW
 
 
 class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
-            ids = pb_utils.get_input_tensor_by_name(request, "token_ids").as_numpy().reshape(-1)
-            sizes = pb_utils.get_input_tensor_by_name(request, "chunk_sizes").as_numpy().reshape(-1).tolist()
+            inputs = triton_glue.inputs(request)
+            ids, sizes = inputs["token_ids"].reshape(-1), inputs["chunk_sizes"].reshape(-1).tolist()
             sender = request.get_response_sender()
             position, k = 0, 0
             while True:
@@ -22,8 +22,7 @@ class TritonPythonModel:
                     "prompt_tokens": np.array([[0]], dtype=np.int32),
                     "completion_tokens": np.array([[end]], dtype=np.int32),
                 }
-                response = pb_utils.InferenceResponse([pb_utils.Tensor(name, value) for name, value in outputs.items()])
-                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+                sender.send(triton_glue.response(outputs), flags=triton_glue.FINAL if final else 0)
                 if final:
                     break
                 position, k = end, k + 1

@@ -1,0 +1,57 @@
+"""An llm request's tensors to what the generation loop takes, with every limit named."""
+import numpy as np
+import pytest
+
+from tritonfront.engines import SamplingParams
+from tritonfront.errors import InvalidInput
+from tritonfront.generation_request import GenerationRequest
+
+VOCAB, CONTEXT = 1000, 64
+
+
+def inputs(**changes) -> dict:
+    tensors = {"input_ids": np.array([[5, 6, 7, 0]], dtype=np.int32), "input_lengths": np.array([[3]], dtype=np.int32),
+               "max_tokens": np.array([[8]], dtype=np.int32)}
+    tensors.update(changes)
+    return {name: value for name, value in tensors.items() if value is not None}
+
+
+def parse(**changes) -> GenerationRequest:
+    return GenerationRequest.parse(inputs(**changes), VOCAB, CONTEXT)
+
+
+def test_a_minimal_request_is_greedy_and_whole():
+    assert parse() == GenerationRequest([5, 6, 7], SamplingParams(max_tokens=8), [], False, False)
+
+
+def test_every_input_reaches_the_request():
+    request = parse(stream=np.array([[True]]), temperature=np.array([[0.7]], dtype=np.float32),
+                    top_k=np.array([[40]], dtype=np.int32), top_p=np.array([[0.9]], dtype=np.float32),
+                    random_seed=np.array([[2**63]], dtype=np.uint64), end_id=np.array([[9]], dtype=np.int32),
+                    stop_words_ids=np.array([[[11, 12], [13, -1]]], dtype=np.int32),
+                    delivery_acknowledged=np.array([[True]]))
+    assert request.prompt_ids == [5, 6, 7] and request.stream and request.delivery_acknowledged
+    assert request.stop_sequences == [[11, 12], [13]]
+    params = request.params
+    assert (params.top_k, params.random_seed, params.end_id) == (40, 2**63, 9)
+    assert params.temperature == pytest.approx(0.7) and params.top_p == pytest.approx(0.9) and not params.greedy
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"input_ids": None}, "input_ids: is required"),
+    ({"input_ids": np.array([[1], [2]], dtype=np.int32)}, "input_ids: shape [2, 1] must be [1, tokens]: one prompt per request"),
+    ({"input_lengths": None}, "input_lengths: is required"),
+    ({"input_lengths": np.array([[5]], dtype=np.int32)}, "input_lengths: 5 is outside 1..4"),
+    ({"input_lengths": np.array([[0]], dtype=np.int32)}, "input_lengths: 0 is outside 1..4"),
+    ({"input_ids": np.array([[5, 1000]], dtype=np.int32), "input_lengths": np.array([[2]], dtype=np.int32)},
+     "input_ids: token ids must be in 0..999"),
+    ({"max_tokens": None}, "max_tokens: is required"),
+    ({"max_tokens": np.array([[62]], dtype=np.int32)}, "max_tokens: 62 is outside 1..61"),
+    ({"top_p": np.array([[0.0]], dtype=np.float32)}, "top_p: 0.0 must be in (0, 1]"),
+    ({"top_k": np.array([[3], [4]], dtype=np.int32)}, "top_k: must have one value per request"),
+    ({"stop_words_ids": np.array([[[1000]]], dtype=np.int32)}, "stop_words_ids[0]: token ids must be in 0..999"),
+])
+def test_bad_inputs_are_named_with_their_limit(changes, message):
+    with pytest.raises(InvalidInput) as error:
+        parse(**changes)
+    assert str(error.value).startswith(message)
