@@ -16,19 +16,37 @@ if [ ! -x "${TRITONSERVER:-}" ]; then
   exit 1
 fi
 
+# Triton 2.51's Python backend starts every stub through `bash -c` with the backend and model paths
+# unquoted (python_backend r24.10, stub_launcher.cc), so a path with a space or a shell character
+# fails every Python model. Such a path reaches tritonserver as a symlink with a plain name.
+aliases=""
+plain_path() {  # sets REPLY
+  REPLY="$1"
+  if [[ "$REPLY" =~ ^[A-Za-z0-9._/+@=,:-]+$ ]]; then return; fi
+  if [ -z "$aliases" ]; then aliases="$(mktemp -d /tmp/tritonfront-paths.XXXXXX)"; fi
+  local link
+  link="$aliases/$(find "$aliases" -mindepth 1 -maxdepth 1 | wc -l)"
+  case "$1" in /*) ln -s "$1" "$link" ;; *) ln -s "$PWD/$1" "$link" ;; esac
+  REPLY="$link"
+}
+
 BIND_ADDRESS="${BIND_ADDRESS:-127.0.0.1}"
 IFS=: read -r -a repositories <<< "${TRITONFRONT_REPOSITORIES:-$TRITONFRONT_ROOT/model_repository:$TRITONFRONT_ROOT/ensembles}"
 
 server=("$TRITONSERVER")
 for repository in "${repositories[@]}"; do
-  if [ -n "$repository" ]; then server+=("--model-repository=$repository"); fi
+  if [ -n "$repository" ]; then
+    plain_path "$repository"
+    server+=("--model-repository=$REPLY")
+  fi
 done
 if [ "${#server[@]}" = 1 ]; then
   echo "no model repository in TRITONFRONT_REPOSITORIES='${TRITONFRONT_REPOSITORIES:-}'" >&2
   exit 1
 fi
+plain_path "$BACKEND_DIR"
 server+=(
-  --backend-directory="$BACKEND_DIR"
+  --backend-directory="$REPLY"
   --http-address="$BIND_ADDRESS" --http-port="${HTTP_PORT:-8000}"
   --grpc-address="$BIND_ADDRESS" --grpc-port="${GRPC_PORT:-8001}"
   --metrics-address="$BIND_ADDRESS" --metrics-port="${METRICS_PORT:-8002}"

@@ -65,13 +65,25 @@ def fake_triton(tmp_path):
     return home
 
 
+PATH_FLAGS = ("--model-repository=", "--backend-directory=")
+
+
 def serve(fake_triton: Path, tmp_path: Path, *args: str, **env: str) -> list[str]:
+    """tritonserver's arguments, each path flag with its symlinks resolved."""
     recorded = tmp_path / "args"
     result = subprocess.run(["bash", str(SCRIPTS / "serve.sh"), *args], capture_output=True, text=True,
                             timeout=60, env=project_env(TRITONFRONT_TRITON_HOME=str(fake_triton),
                                                         FAKE_TRITONSERVER_ARGS=str(recorded), **env))
     assert result.returncode == 0, result.stderr
-    return recorded.read_text().split("\0")[:-1]
+    resolved = []
+    for arg in recorded.read_text().split("\0")[:-1]:
+        flag = next((flag for flag in PATH_FLAGS if arg.startswith(flag)), None)
+        if flag:
+            # Triton 2.51 passes these paths to a shell unquoted: serve.sh must hand over plain ones.
+            assert re.fullmatch(r"[A-Za-z0-9._/+@=,:-]+", arg), f"not shell-safe: {arg!r}"
+            arg = flag + os.path.realpath(arg[len(flag):])
+        resolved.append(arg)
+    return resolved
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -103,9 +115,10 @@ def test_every_script_parses():
 
 
 def test_serve_defaults_to_loopback_and_the_committed_repositories(fake_triton, tmp_path):
+    root = os.path.realpath(ROOT)
     assert serve(fake_triton, tmp_path) == [
-        f"--model-repository={ROOT}/model_repository", f"--model-repository={ROOT}/ensembles",
-        f"--backend-directory={fake_triton}/backends",
+        f"--model-repository={root}/model_repository", f"--model-repository={root}/ensembles",
+        f"--backend-directory={os.path.realpath(fake_triton)}/backends",
         "--http-address=127.0.0.1", "--http-port=8000",
         "--grpc-address=127.0.0.1", "--grpc-port=8001",
         "--metrics-address=127.0.0.1", "--metrics-port=8002",
@@ -114,11 +127,14 @@ def test_serve_defaults_to_loopback_and_the_committed_repositories(fake_triton, 
 
 
 def test_serve_reads_repositories_as_a_colon_list_with_spaces_in_paths(fake_triton, tmp_path):
+    spaced, starred = tmp_path / "my deploy" / "model_repository", tmp_path / "*" / "ensembles"
+    spaced.mkdir(parents=True)
+    starred.mkdir(parents=True)
     args = serve(fake_triton, tmp_path, "--log-verbose=1", "--load-model=*",
-                 TRITONFRONT_REPOSITORIES="/tmp/my deploy/model_repository::/tmp/*/ensembles:",
+                 TRITONFRONT_REPOSITORIES=f"{spaced}::{starred}:",
                  BIND_ADDRESS="0.0.0.0", HTTP_PORT="9100")
     assert [a for a in args if a.startswith("--model-repository")] == [
-        "--model-repository=/tmp/my deploy/model_repository", "--model-repository=/tmp/*/ensembles"]
+        f"--model-repository={os.path.realpath(spaced)}", f"--model-repository={os.path.realpath(starred)}"]
     assert "--http-address=0.0.0.0" in args and "--http-port=9100" in args
     assert args[-2:] == ["--log-verbose=1", "--load-model=*"]
 
@@ -146,7 +162,7 @@ def test_the_image_serves_through_serve_sh_on_loopback(fake_triton, tmp_path):
     assert image_env["TRITONFRONT_TRITON_HOME"] == "/opt/tritonserver"
     repositories = image_env["TRITONFRONT_REPOSITORIES"]
     args = serve(fake_triton, tmp_path, TRITONFRONT_REPOSITORIES=repositories)
-    assert args[:2] == [f"--model-repository={path}" for path in repositories.split(":")]
+    assert args[:2] == [f"--model-repository={os.path.realpath(path)}" for path in repositories.split(":")]
     for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
                  "--allow-cpu-metrics=true", "--disable-auto-complete-config"):
         assert flag in args
