@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced: its variables are for the scripts that source it
 # Sourced by the other scripts (bash): the one place that knows where the venv, the Triton server
 # and its backends live, which pinned requirements set them up, and which environment the Python
 # stubs need to start. Sourcing it twice changes nothing.
@@ -38,16 +39,18 @@ print("%d.%d" % sys.version_info[:2])')
   if [ -z "${TRITONFRONT_TRITON_HOME:-}" ]; then
     PYTRITON_DIR="$SITE_PACKAGES/pytriton/tritonserver"
     TRITONSERVER="$PYTRITON_DIR/bin/tritonserver"
+    # libpython for the wheel's stub; the CUDA runtime of nvidia-cuda-runtime-cu12 only for
+    # perf_analyzer (tritonclient 2.50's links libcudart even on CPU). Not for an installed Triton:
+    # its stub links the system libpython, and a system directory put first here would shadow the
+    # image's CUDA libraries.
+    for _dir in "$SITE_PACKAGES/nvidia/cuda_runtime/lib" "$PY_LIBDIR"; do
+      if [ -d "$_dir" ] && [[ ":${LD_LIBRARY_PATH:-}:" != *":$_dir:"* ]]; then
+        LD_LIBRARY_PATH="$_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      fi
+    done
+    unset _dir
+    export LD_LIBRARY_PATH
   fi
-  # libpython for the stub; the CUDA runtime of nvidia-cuda-runtime-cu12 only for perf_analyzer
-  # (tritonclient 2.50's links libcudart even on CPU).
-  for _dir in "$SITE_PACKAGES/nvidia/cuda_runtime/lib" "$PY_LIBDIR"; do
-    if [ -d "$_dir" ] && [[ ":${LD_LIBRARY_PATH:-}:" != *":$_dir:"* ]]; then
-      LD_LIBRARY_PATH="$_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    fi
-  done
-  unset _dir
-  export LD_LIBRARY_PATH
 fi
 
 # No model hub is reachable: every model comes from a local folder.
