@@ -32,7 +32,8 @@ def run_in_project_venv() -> None:
     os.execv(python, [str(python), __file__, *sys.argv[1:]])
 
 
-run_in_project_venv()
+if __name__ == "__main__":  # imported (by a test), it is already in some venv: never replace that process
+    run_in_project_venv()
 
 from google.protobuf import text_format  # noqa: E402 (installed in the venv entered above)
 from tritonclient.grpc import model_config_pb2  # noqa: E402
