@@ -15,6 +15,10 @@ if [ ! -x "${TRITONSERVER:-}" ]; then
   echo "tritonserver not found${TRITONSERVER:+ at $TRITONSERVER}: run scripts/setup.sh first" >&2
   exit 1
 fi
+if [ ! -d "$BACKEND_DIR/python" ]; then
+  echo "Python backend not found at $BACKEND_DIR/python: run scripts/setup.sh first" >&2
+  exit 1
+fi
 
 # Triton 2.51's Python backend starts every stub through `bash -c` with the backend and model paths
 # unquoted (python_backend r24.10, stub_launcher.cc), so a path with a space or a shell character

@@ -58,7 +58,7 @@ def fake_triton(tmp_path):
     """A Triton installation (TRITONFRONT_TRITON_HOME) whose tritonserver records its arguments."""
     home = tmp_path / "triton home"
     (home / "bin").mkdir(parents=True)
-    (home / "backends").mkdir()
+    (home / "backends" / "python").mkdir(parents=True)
     server = home / "bin" / "tritonserver"
     server.write_text('#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$FAKE_TRITONSERVER_ARGS"\n')
     server.chmod(0o755)
@@ -152,6 +152,17 @@ def test_serve_names_the_missing_server():
                             env=project_env(TRITONFRONT_TRITON_HOME="/nonexistent"))
     assert result.returncode == 1
     assert "tritonserver not found at /nonexistent/bin/tritonserver: run scripts/setup.sh first" in result.stderr
+
+
+def test_serve_names_a_missing_backend_directory(fake_triton, tmp_path):
+    """A checkout whose venv predates its backend directory (setup.sh not run again)."""
+    home = tmp_path / "no backends"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "tritonserver").symlink_to(fake_triton / "bin" / "tritonserver")
+    result = subprocess.run(["bash", str(SCRIPTS / "serve.sh")], capture_output=True, text=True, timeout=60,
+                            env=project_env(TRITONFRONT_TRITON_HOME=str(home)))
+    assert result.returncode == 1
+    assert f"Python backend not found at {home}/backends/python: run scripts/setup.sh first" in result.stderr
 
 
 def test_the_image_serves_through_serve_sh_on_loopback(fake_triton, tmp_path):
