@@ -89,10 +89,17 @@ class TokenizerConfig(Config):
                                                              "INVALID_ARG", minimum=1)
 
 
+THREAD_POLICIES = ("share", "fixed")
+
+
 @dataclass(frozen=True)
 class EncoderConfig(Config):
     model_source: str = _model_source("embed")
-    num_threads: int = _num_threads(1)
+    num_threads: int = _parameter(0, "torch intra-op threads of an instance computing alone; 0: one per core",
+                                  minimum=0)
+    threads: str = _parameter("share", "share: CPU instances split num_threads by how many of them compute right "
+                                       "now (all for a lone request, one each under load: core_sharing.py); "
+                                       "fixed: always num_threads", choices=THREAD_POLICIES)
     max_batch_tokens: int = _parameter(8192, "padded tokens per forward pass: bounds memory and keeps "
                                              "sub-batches similar in length", minimum=1)
 
