@@ -36,8 +36,8 @@ def test_the_kinds_are_the_committed_models():
 def test_missing_parameters_take_their_defaults():
     config = parse("llm", {"balancing": "none"})
     assert config == LLMConfig(balancing="none")
-    assert (config.engine, config.max_active_requests, config.stream_interval) == ("hf", 16, 1)
-    assert config.engine_config() == EngineConfig(max_num_seqs=64, kv_cache_tokens=16384, max_batch_tokens=512,
+    assert (config.engine, config.max_active_requests, config.stream_interval) == ("hf", 256, 1)
+    assert config.engine_config() == EngineConfig(max_num_seqs=256, kv_cache_tokens=32768, max_batch_tokens=512,
                                                   dtype="auto")
 
 
