@@ -6,8 +6,12 @@ import textwrap
 import time
 
 import pytest
-from generate_client import Streams, generate_inputs, metric_values, write_deployment
-from triton_server import triton_server
+
+from harness.clients.kserve import generate_inputs
+from harness.clients.streams import Streams
+from harness.deploy import write_deployment
+from harness.server import triton_server
+from harness.triton_metrics import rank_values as metric_values
 
 LONG = 1500  # tokens: at this machine's speed, minutes of work each if nothing frees them
 LIVE = 300  # tokens of the stream that goes on throughout (it must not be taken for abandoned)
@@ -46,9 +50,9 @@ def dropped_connection_client(url: str, count: int) -> subprocess.Popen:
     without a cancel message."""
     prompts = [counting(100 + i) for i in range(count)]
     script = textwrap.dedent(f"""
-        import sys, time
-        sys.path[:0] = {sys.path!r}
-        from generate_client import Streams, generate_inputs
+        import time
+        from harness.clients.kserve import generate_inputs
+        from harness.clients.streams import Streams
         streams = Streams({url!r})
         for i in range({count}):
             streams.send(f"d{{i}}", generate_inputs({prompts!r}[i], {LONG}, stream=True))
