@@ -52,7 +52,7 @@ def run_order_plot(rows: list[list], title: str, ylabel: str, ax=None):
         fig, ax = plt.subplots(figsize=(9, 4))
     xs = range(len(rows))
     ax.bar(xs, [row[2] for row in rows], color=["grey" if row[1] == "-" else "tab:blue" for row in rows])
-    ax.set_xticks(list(xs), [row[0].replace(": ", "\n").replace("Triton, ", "") + (f"\nc={row[1]}" if row[1] != "-" else "")
-                             for row in rows], fontsize=6)
+    ax.set_xticks(list(xs), [row[0].replace(": ", "\n").replace("Triton, ", "")
+                             + (f"\nc={row[1]}" if row[1] != "-" else "") for row in rows], fontsize=6)
     ax.set(ylabel=ylabel, title=title)
     return fig

@@ -22,7 +22,8 @@ MULTILINGUAL = {
     "cjk": "日本語のテキストです。你好，世界！한국어 문장도 있어요",
     "accents": "Ça va? Très bien, merci. naïve café résumé, e\u0301 combining, Ελληνικά и кириллица",
     "mixed": "def f(x):\n    return x ** 2  # 平方 ✓\n\nprint(f(3))  → 9 …",
-    "whitespace": "one\n\n\ntwo    three\t\t four  \n  \n\tfive   six\n seven  eight   nine\n\n\n\nten,  eleven\r\n twelve.   ",
+    "whitespace": "one\n\n\ntwo    three\t\t four  \n  \n\tfive   six\n seven  eight   nine\n\n\n\n"
+                  "ten,  eleven\r\n twelve.   ",
 }
 
 

@@ -48,7 +48,8 @@ def load_ratio(samples: np.ndarray) -> dict:
     means = busy.mean(axis=0)
     both = busy[busy.min(axis=1) > 0]
     return {"mean_ratio": float(means.max() / means.min()) if means.min() > 0 else float("inf"),
-            "median_instant_ratio": float(np.median(both.max(axis=1) / both.min(axis=1))) if len(both) else float("inf"),
+            "median_instant_ratio": (float(np.median(both.max(axis=1) / both.min(axis=1))) if len(both)
+                                     else float("inf")),
             "means": [float(m) for m in means]}
 
 

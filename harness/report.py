@@ -26,12 +26,25 @@ import matplotlib.pyplot as plt  # noqa: E402
 OTHER_WORK_WARNING = 0.25  # cores
 
 
-def argument_parser(doc: str) -> argparse.ArgumentParser:
-    """A benchmark's parser: its docstring as description, and --publish."""
+def argument_parser(doc: str, **options) -> argparse.ArgumentParser:
+    """A benchmark's parser: its docstring as description, --publish, and one --flag per option
+    (flag_name=default, or (default, help), or (default, help, more argparse keywords)); the type
+    is the default's, a list default takes several values."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--publish", action="store_true",
                         help="write the result to perf/results/ (committed); without it, to perf/results/raw/")
+    for name, option in options.items():
+        default, help_text, more = (*option, {})[:3] if isinstance(option, tuple) else (option, None, {})
+        kind = {"nargs": "+", "type": type(default[0])} if isinstance(default, list) else (
+            {} if default is None else {"type": type(default)})
+        parser.add_argument(f"--{name.replace('_', '-')}", default=default, help=help_text, **{**kind, **more})
     return parser
+
+
+def start(doc: str, name: str, title: str, **options) -> tuple[argparse.Namespace, "Report"]:
+    """Parses a benchmark's command line (see argument_parser) and starts its Report."""
+    args = argument_parser(doc, **options).parse_args()
+    return args, Report(name, title, args.publish)
 
 
 def cpu_model() -> str:

@@ -96,13 +96,9 @@ def plot(results: dict, models: list[str], args):
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--counts", type=int, nargs="+", default=[1, 2, 4], help="instance counts to compare")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 128], help="concurrent streams")
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
-
-    rep = report.Report("bench_detokenizer", "Streaming detokenizer: instance count 1 vs N", args.publish)
+    args, rep = report.start(
+        __doc__, "bench_detokenizer", "Streaming detokenizer: instance count 1 vs N",
+        counts=([1, 2, 4], "instance counts to compare"), concurrency=([64, 128], "concurrent streams"), rounds=3)
     tokenizer = AutoTokenizer.from_pretrained(llm_model_dir())
     repository = RAW / "detokenizer_variants"
     shutil.rmtree(repository, ignore_errors=True)

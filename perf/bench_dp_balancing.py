@@ -117,19 +117,13 @@ def plot(rounds: list[dict], samplers: dict, pooled_stats: dict):
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--rate", type=float, default=1.4, help="Poisson arrivals per second (both ranks together)")
-    parser.add_argument("--requests", type=int, default=32, help="per round and variant")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--prompt-tokens", default="20,200", help="uniform range of prompt lengths")
-    parser.add_argument("--max-tokens", default="8,64", help="uniform range of max_tokens")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    args = parser.parse_args()
+    args, rep = report.start(
+        __doc__, "bench_dp_balancing", "DP placement of llm requests: token-balanced vs Triton's default",
+        rate=(1.4, "Poisson arrivals per second (both ranks together)"), requests=(32, "per round and variant"),
+        rounds=6, prompt_tokens=("20,200", "uniform range of prompt lengths"),
+        max_tokens=("8,64", "uniform range of max_tokens"), threads=(1, "torch threads per rank"))
     prompt_range = tuple(int(x) for x in args.prompt_tokens.split(","))
     max_tokens_range = tuple(int(x) for x in args.max_tokens.split(","))
-
-    rep = report.Report("bench_dp_balancing", "DP placement of llm requests: token-balanced vs Triton's default",
-                        args.publish)
     out = Path(tempfile.mkdtemp(prefix="bench_dp_"))
     repositories = write_deployment(
         out, "--dp", "2", "--set", f"llm.num_threads={args.threads}", "--set", "llm.kv_cache_tokens=8192",

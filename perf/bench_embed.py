@@ -49,17 +49,10 @@ async def closed_loop(server, factory, concurrency: list[int], duration: float) 
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--texts", type=int, default=512)
-    parser.add_argument("--tokens", type=int, default=90)
-    parser.add_argument("--concurrency", default="32,64")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=25.0, help="seconds per concurrency and round")
-    parser.add_argument("--ceiling-seconds", type=float, default=20.0, help="per in-process measurement")
-    args = parser.parse_args()
-
-    rep = report.Report("bench_embed", "embed ensemble through Triton vs sentence-transformers in-process",
-                        args.publish)
+    args, rep = report.start(
+        __doc__, "bench_embed", "embed ensemble through Triton vs sentence-transformers in-process", texts=512,
+        tokens=90, concurrency="32,64", rounds=3, duration=(25.0, "seconds per concurrency and round"),
+        ceiling_seconds=(20.0, "per in-process measurement"))
     texts = synthetic_texts(args.texts, args.tokens, seed=1)
     st = sentence_transformer(threads=0)  # torch on all cores, as the encoder's num_threads "0"
     factory = single_texts(texts)

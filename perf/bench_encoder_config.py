@@ -65,16 +65,10 @@ async def rounds(url: str, factory, models: list[str], concurrency: int, duratio
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--variants", default="1x0,2x1,1x1",
-                        help="instances x torch threads (0 = one per core); the first is the reference")
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--duration", type=float, default=20.0)
-    parser.add_argument("--rounds", type=int, default=4)
-    args = parser.parse_args()
-
-    rep = report.Report("bench_encoder_config", "embed throughput by encoder instance count x torch threads",
-                        args.publish)
+    args, rep = report.start(
+        __doc__, "bench_encoder_config", "embed throughput by encoder instance count x torch threads",
+        variants=("1x0,2x1,1x1", "instances x torch threads (0 = one per core); the first is the reference"),
+        concurrency=64, duration=20.0, rounds=4)
     variants = [tuple(int(x) for x in v.split("x")) for v in args.variants.split(",")]
     repository = RAW / "encoder_variants"
     models = variant_repository(repository, variants)

@@ -91,17 +91,16 @@ def plot(rows: dict, hang_s: float):
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--kills", type=int, default=3, help="kills per model and reload")
-    parser.add_argument("--clients", type=int, default=3, help="closed-loop clients during each kill")
-    parser.add_argument("--hang-s", type=float, default=30.0, help="a request in flight longer after the kill hung")
-    parser.add_argument("--recover-s", type=float, default=180.0, help="longest wait for a correct answer")
-    parser.add_argument("--models", nargs="+", help="model:via pairs (via: embed, generate or llm); default: "
-                        "every model through its ensemble, and llm through llm (with --dp: the llm rows only)")
-    parser.add_argument("--dp", type=int, default=1, help="llm ranks: above 1, scripts/configure.py's deployment "
-                        "of the generate pipeline with that many (one torch thread each)")
-    parser.add_argument("--how", nargs="+", default=["unload_load", "override"], choices=["unload_load", "override"],
-                        help="the watchdog's reloads, alternating kill by kill")
+    parser = report.argument_parser(
+        __doc__, kills=(3, "kills per model and reload"), clients=(3, "closed-loop clients during each kill"),
+        hang_s=(30.0, "a request in flight longer after the kill hung"),
+        recover_s=(180.0, "longest wait for a correct answer"),
+        models=(None, "model:via pairs (via: embed, generate or llm); default: every model through its ensemble, "
+                "and llm through llm (with --dp: the llm rows only)", {"nargs": "+"}),
+        dp=(1, "llm ranks: above 1, scripts/configure.py's deployment of the generate pipeline with that many (one "
+            "torch thread each)"),
+        how=(["unload_load", "override"], "the watchdog's reloads, alternating kill by kill",
+             {"choices": ["unload_load", "override"]}))
     args = parser.parse_args()
     default = TARGETS if args.dp == 1 else [t for t in TARGETS if t[0] == "llm"]
     targets = [tuple(pair.split(":")) for pair in args.models] if args.models else default

@@ -80,19 +80,12 @@ def plot(results: list[dict], pa: list[dict]):
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--concurrency", default="1,4,16,32")
-    parser.add_argument("--duration", type=float, default=45.0, help="seconds of sending per concurrency")
-    parser.add_argument("--prompt-tokens", type=int, default=96)
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--texts", type=int, default=256)
-    parser.add_argument("--pa-concurrency", default="1,8", help="perf_analyzer levels ('' to skip)")
-    parser.add_argument("--pa-requests", type=int, default=12, help="perf_analyzer requests per measurement window")
-    args = parser.parse_args()
+    args, rep = report.start(
+        __doc__, "bench_generate", "generate ensemble: streaming TTFT, ITL and tokens/s over concurrency",
+        concurrency="1,4,16,32", duration=(45.0, "seconds of sending per concurrency"), prompt_tokens=96,
+        max_tokens=48, texts=256, pa_concurrency=("1,8", "perf_analyzer levels ('' to skip)"),
+        pa_requests=(12, "perf_analyzer requests per measurement window"))
     levels = [int(c) for c in args.concurrency.split(",")]
-
-    rep = report.Report("bench_generate", "generate ensemble: streaming TTFT, ITL and tokens/s over concurrency",
-                        args.publish)
     texts = synthetic_prompts(args.texts, args.prompt_tokens, seed=7)
     pa_input = perf_analyzer_input(texts, args.max_tokens)
     pa_export = RAW / "pa_generate_export.json"

@@ -123,16 +123,11 @@ async def main_async(args, server) -> tuple[list[dict], dict]:
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--factor", type=float, default=3.0, help="flood rate / measured capacity")
-    parser.add_argument("--capacity-s", type=float, default=20, help="closed-loop seconds for embed (x3 generate)")
-    parser.add_argument("--embed-flood-s", type=float, default=20)
-    parser.add_argument("--generate-flood-s", type=float, default=60)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--llm-admits", type=int, default=16, help="the llm's max_active_requests (committed: 16)")
-    args = parser.parse_args()
-    rep = report.Report("bench_overload", "Overload: queue policies under a flood at 3x measured capacity",
-                        args.publish)
+    args, rep = report.start(
+        __doc__, "bench_overload", "Overload: queue policies under a flood at 3x measured capacity",
+        factor=(3.0, "flood rate / measured capacity"),
+        capacity_s=(20.0, "closed-loop seconds for embed (x3 generate)"), embed_flood_s=20.0, generate_flood_s=60.0,
+        max_tokens=32, llm_admits=(16, "the llm's max_active_requests (committed: 16)"))
     with benchmark_server("bench_overload", ALL_MODELS) as server:
         results, checks = asyncio.run(main_async(args, server))
     rep.add(

@@ -13,16 +13,10 @@ from harness.server import benchmark_server
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--tokenizer-concurrency", default="16:64:16")
-    parser.add_argument("--tokenizer-rates", default="100:700:200")
-    parser.add_argument("--embed-concurrency", default="8:32:8")
-    parser.add_argument("--embed-rates", default="10:40:10")
-    parser.add_argument("--window-ms", type=int, default=4000, help="perf_analyzer -p")
-    args = parser.parse_args()
-
-    rep = report.Report("bench_perf_analyzer", "perf_analyzer: tokenizer and embed (concurrency and Poisson sweeps)",
-                        args.publish)
+    args, rep = report.start(
+        __doc__, "bench_perf_analyzer", "perf_analyzer: tokenizer and embed (concurrency and Poisson sweeps)",
+        tokenizer_concurrency="16:64:16", tokenizer_rates="100:700:200", embed_concurrency="8:32:8",
+        embed_rates="10:40:10", window_ms=(4000, "perf_analyzer -p"))
     inputs = {"tokenizer": write_text_input(synthetic_texts(512, 500), RAW / "pa_tokenizer.json"),
               "embed": write_text_input(synthetic_texts(512, 90, seed=1), RAW / "pa_embed.json")}
     runs = {}

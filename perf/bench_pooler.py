@@ -74,21 +74,12 @@ def measure(threads: int, min_len: int, max_len: int, args, head: PoolingHead) -
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--threads", default="1,2", help="torch thread counts to run (the pooler model uses 1)")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lengths", default="8-256,1-16",
-                        help="length ranges to run; the target is for the first (8..256), the second shows "
-                             "where per-call overhead dominates")
-    parser.add_argument("--hidden", type=int, default=384)
-    parser.add_argument("--out", type=int, default=128)
-    parser.add_argument("--repetitions", type=int, default=400)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-
-    rep = report.Report("bench_pooler", "Pooler: ragged batched projection vs per-sequence loop (in-process)",
-                        args.publish)
+    args, rep = report.start(
+        __doc__, "bench_pooler", "Pooler: ragged batched projection vs per-sequence loop (in-process)",
+        threads=("1,2", "torch thread counts to run (the pooler model uses 1)"), batch=32,
+        lengths=("8-256,1-16", "length ranges to run; the target is for the first (8..256), the second shows "
+                               "where per-call overhead dominates"),
+        hidden=384, out=128, repetitions=400, warmup=20, seed=0)
     head = make_head(args.hidden, args.out, args.seed)
     ranges = [tuple(int(x) for x in r.split("-")) for r in args.lengths.split(",")]
     runs = [measure(int(t), lo, hi, args, head) for lo, hi in ranges for t in args.threads.split(",")]

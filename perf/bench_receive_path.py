@@ -112,19 +112,12 @@ def plot(rounds: list[dict]):
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--background", type=int, default=8, help="streams decoding before the burst")
-    parser.add_argument("--background-tokens", type=int, default=200, help="their max_tokens")
-    parser.add_argument("--burst", type=int, default=48, help="requests arriving at once")
-    parser.add_argument("--burst-prompt", type=int, default=24, help="prompt tokens of a burst request")
-    parser.add_argument("--burst-tokens", type=int, default=4, help="max_tokens of a burst request")
-    parser.add_argument("--stop-words", type=int, default=4, help="stop sequences per burst request")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: one per core)")
-    args = parser.parse_args()
-
-    rep = report.Report("bench_receive_path", "llm receive path: enqueue-only execute vs preparation in the engine loop",
-                        args.publish)
+    args, rep = report.start(
+        __doc__, "bench_receive_path", "llm receive path: enqueue-only execute vs preparation in the engine loop",
+        rounds=10, background=(8, "streams decoding before the burst"), background_tokens=(200, "their max_tokens"),
+        burst=(48, "requests arriving at once"), burst_prompt=(24, "prompt tokens of a burst request"),
+        burst_tokens=(4, "max_tokens of a burst request"), stop_words=(4, "stop sequences per burst request"),
+        threads=(0, "torch threads (0: one per core)"))
     out = Path(tempfile.mkdtemp(prefix="bench_receive_"))
     repositories = write_deployment(
         out, "--dp", "1", "--set", f"llm.num_threads={args.threads}", "--set", "llm.record_step_times=true",

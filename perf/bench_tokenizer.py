@@ -67,17 +67,10 @@ def plot(results, summary, p99_limit_ms):
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--rates", default="100,200,300,400,500,600,700,800,1000,1200")
-    parser.add_argument("--duration", type=float, default=12.0, help="seconds per rate and model")
-    parser.add_argument("--texts", type=int, default=512)
-    parser.add_argument("--tokens", type=int, default=500)
-    parser.add_argument("--p99-limit-ms", type=float, default=100.0)
-    parser.add_argument("--max-total-s", type=float, default=420.0, help="cap on the sweep")
-    args = parser.parse_args()
-
-    rep = report.Report("bench_tokenizer", "Tokenizer: dynamic batching vs request-by-request (open-loop Poisson)",
-                        args.publish)
+    args, rep = report.start(
+        __doc__, "bench_tokenizer", "Tokenizer: dynamic batching vs request-by-request (open-loop Poisson)",
+        rates="100,200,300,400,500,600,700,800,1000,1200", duration=(12.0, "seconds per rate and model"), texts=512,
+        tokens=500, p99_limit_ms=100.0, max_total_s=(420.0, "cap on the sweep"))
     texts = synthetic_texts(args.texts, args.tokens)
     factory = single_texts(texts)
     rates = [float(r) for r in args.rates.split(",")]

@@ -42,18 +42,10 @@ async def closed_loop(url: str, factory, concurrency: list[int], duration: float
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--texts", type=int, default=512)
-    parser.add_argument("--tokens", type=int, default=500)
-    parser.add_argument("--batch", type=int, default=64, help="in-process batch (the model's max_batch_size)")
-    parser.add_argument("--concurrency", default="64,128")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds per concurrency and round")
-    parser.add_argument("--ceiling-seconds", type=float, default=10.0, help="per in-process measurement")
-    args = parser.parse_args()
-
-    rep = report.Report("bench_tokenizer_ceiling", "Tokenizer through Triton vs in-process batch encoding",
-                        args.publish)
+    args, rep = report.start(
+        __doc__, "bench_tokenizer_ceiling", "Tokenizer through Triton vs in-process batch encoding", texts=512,
+        tokens=500, batch=(64, "in-process batch (the model's max_batch_size)"), concurrency="64,128", rounds=3,
+        duration=(15.0, "seconds per concurrency and round"), ceiling_seconds=(10.0, "per in-process measurement"))
     texts = synthetic_texts(args.texts, args.tokens)
     factory = single_texts(texts)
     concurrency = [int(c) for c in args.concurrency.split(",")]

@@ -22,15 +22,10 @@ from harness.server import benchmark_server
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--delays", default="2000,500,0", help="max_queue_delay_microseconds values")
-    parser.add_argument("--rates", default="100,300,500,700")
-    parser.add_argument("--duration", type=float, default=10.0)
-    parser.add_argument("--tokens", type=int, default=500)
-    args = parser.parse_args()
-
-    rep = report.Report("bench_tokenizer_config", "tokenizer P50/P99 by dynamic-batching queue delay (Poisson)",
-                        args.publish)
+    args, rep = report.start(
+        __doc__, "bench_tokenizer_config", "tokenizer P50/P99 by dynamic-batching queue delay (Poisson)",
+        delays=("2000,500,0", "max_queue_delay_microseconds values"), rates="100,300,500,700", duration=10.0,
+        tokens=500)
     target = RAW / "tokenizer_variants"
     shutil.rmtree(target, ignore_errors=True)
     models = []

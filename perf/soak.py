@@ -182,7 +182,8 @@ class GenerateWorker(StreamWorker):
             return f"stream=false got {len(responses)} responses"
         text = "".join(output(r, "text_output") for r in responses)
         reason, tokens = output(responses[-1], "finish_reason"), int(output(responses[-1], "completion_tokens"))
-        if reason not in ("length", "stop") or not 1 <= tokens <= max_tokens or (reason == "length" and tokens != max_tokens):
+        if (reason not in ("length", "stop") or not 1 <= tokens <= max_tokens
+                or (reason == "length" and tokens != max_tokens)):
             return f"finish_reason {reason!r} with {tokens} tokens for max_tokens {max_tokens}"
         with self.soak.lock:
             first = self.soak.generated.setdefault(key, (text, reason, tokens))
@@ -348,7 +349,8 @@ class Soak:
         args = self.args
         self.start = time.monotonic()
         seeds = iter(range(args.seed, args.seed + 1000))
-        workers = [*(EmbedWorker(p, self, next(seeds), args.think) for p in ("http", "grpc") for _ in range(args.embed_workers)),
+        workers = [*(EmbedWorker(p, self, next(seeds), args.think)
+                     for p in ("http", "grpc") for _ in range(args.embed_workers)),
                    *(GenerateWorker(True, self, next(seeds), args.think) for _ in range(args.stream_workers)),
                    *(GenerateWorker(False, self, next(seeds), args.think) for _ in range(args.whole_workers)),
                    *(CancelWorker(self, next(seeds), args.cancel_every) for _ in range(args.cancel_workers)),
@@ -365,7 +367,8 @@ class Soak:
         while time.monotonic() < load_end:
             time.sleep(min(10.0, max(0.0, load_end - time.monotonic())))
             print(f"{time.monotonic() - self.start:6.0f} s {phase_of():8s} " + "  ".join(
-                f"{k}: {c['sent'] - c['unexpected']}/{c['sent']}" + (f" UNEXPECTED {c['unexpected']}" if c["unexpected"] else "")
+                f"{k}: {c['sent'] - c['unexpected']}/{c['sent']}"
+                + (f" UNEXPECTED {c['unexpected']}" if c["unexpected"] else "")
                 for k, c in sorted(self.tally.counts.items())) + f"  rss {self.samples[-1]['rss'] / 2**20:.0f} MiB "
                 f"active {self.samples[-1].get('active_sequences')}", flush=True)
         self.stop.set()
@@ -476,7 +479,8 @@ def write_report(rep: report.Report, soak: Soak, result: dict, rss: dict, args) 
                           for message, n in counter.most_common(8)))
     overload = tally.messages[REJECTED] + tally.messages[TIMED_OUT]
     if overload:
-        rep.add("Rejected or timed out (overload):\n\n" + "\n".join(f"- `{m}`: {n}" for m, n in overload.most_common(5)))
+        rep.add("Rejected or timed out (overload):\n\n"
+                + "\n".join(f"- `{m}`: {n}" for m, n in overload.most_common(5)))
 
     mib = lambda b: b / 2**20  # noqa: E731
     span = lambda pair: f"{pair[0] / 60:.1f}-{pair[1] / 60:.1f} min"  # noqa: E731
@@ -537,25 +541,15 @@ def write_report(rep: report.Report, soak: Soak, result: dict, rss: dict, args) 
 
 
 def main() -> None:
-    parser = report.argument_parser(__doc__)
-    parser.add_argument("--minutes", type=float, default=10.0, help="load after the warm-up")
-    parser.add_argument("--warmup-minutes", type=float, default=1.0, help="load before RSS is taken as the baseline")
-    parser.add_argument("--embed-workers", type=int, default=1, help="per protocol (HTTP and gRPC)")
-    parser.add_argument("--stream-workers", type=int, default=2, help="generate stream=true")
-    parser.add_argument("--whole-workers", type=int, default=1, help="generate stream=false")
-    parser.add_argument("--cancel-workers", type=int, default=1)
-    parser.add_argument("--bad-workers", type=int, default=1)
-    parser.add_argument("--think", type=float, default=0.5, help="seconds between a worker's requests (+-50%%)")
-    parser.add_argument("--cancel-model", choices=["generate", LLM], default="generate")
-    parser.add_argument("--cancel-max-tokens", type=int, default=256)
-    parser.add_argument("--cancel-every", type=float, default=10.0, help="seconds between cancelled streams (+-50%%)")
-    parser.add_argument("--sample-every", type=float, default=5.0)
-    parser.add_argument("--request-timeout", type=float, default=180.0)
-    parser.add_argument("--drain-timeout", type=float, default=60.0)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-
-    rep = report.Report("soak", "Soak: mixed embed and generate load, cancellations and bad requests", args.publish)
+    args, rep = report.start(
+        __doc__, "soak", "Soak: mixed embed and generate load, cancellations and bad requests",
+        minutes=(10.0, "load after the warm-up"), warmup_minutes=(1.0, "load before RSS is taken as the baseline"),
+        embed_workers=(1, "per protocol (HTTP and gRPC)"), stream_workers=(2, "generate stream=true"),
+        whole_workers=(1, "generate stream=false"), cancel_workers=1, bad_workers=1,
+        think=(0.5, "seconds between a worker's requests (+-50%%)"),
+        cancel_model=("generate", None, {"choices": ["generate", LLM]}), cancel_max_tokens=256,
+        cancel_every=(10.0, "seconds between cancelled streams (+-50%%)"), sample_every=5.0, request_timeout=180.0,
+        drain_timeout=60.0, seed=0)
     with benchmark_server("soak", ALL_MODELS) as server:
         soak = Soak(server, args)
         result = soak.run()

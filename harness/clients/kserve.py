@@ -128,7 +128,8 @@ def embed(connection, texts, model: str = "embed", **kwargs) -> dict:
 
 
 async def embed_aio(connection: grpcaio.InferenceServerClient, texts, model: str = "embed", **kwargs) -> dict:
-    result = await connection.infer(model, text_inputs(texts, grpcclient, **kwargs), outputs=requested(grpcclient, model))
+    result = await connection.infer(model, text_inputs(texts, grpcclient, **kwargs),
+                                    outputs=requested(grpcclient, model))
     return {name: result.as_numpy(name) for name in EMBED_OUTPUTS[model]}
 
 

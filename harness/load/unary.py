@@ -101,7 +101,8 @@ class _Step:
     """Bookkeeping of one load step."""
 
     def __init__(self, client, model: str, make_inputs: InputsFactory, outputs, timeout: float):
-        self.client, self.model, self.make_inputs, self.outputs, self.timeout = client, model, make_inputs, outputs, timeout
+        self.client, self.model, self.make_inputs = client, model, make_inputs
+        self.outputs, self.timeout = outputs, timeout
         self.outcomes: list[Outcome] = []
         self.lags: list[float] = []
         self.start, self.cpu_start = time.perf_counter(), time.process_time()
@@ -237,3 +238,34 @@ async def capacity(send: Send, concurrency: int, duration_s: float) -> float:
     start = time.perf_counter()
     served = [o.ended for o in await closed_loop(send, concurrency, duration_s) if o.kind == SERVED]
     return len(served) / (max(served) - start) if served else 0.0
+
+
+def main() -> None:
+    """python -m harness.load.unary --model tokenizer --rates 100,200: a Poisson sweep of single
+    synthetic texts against a running local server."""
+    import argparse
+    import json
+    from dataclasses import asdict
+
+    from ..clients.kserve import single_texts
+    from ..corpora import synthetic_texts
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--url", default="127.0.0.1:8001", help="gRPC address of a local tritonserver")
+    parser.add_argument("--model", action="append", required=True, help="repeat to interleave several models")
+    parser.add_argument("--rates", default="50,100,200", help="comma-separated target requests/s")
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds of sending per step")
+    parser.add_argument("--max-total-s", type=float, default=600.0)
+    parser.add_argument("--texts", type=int, default=256, help="distinct synthetic texts")
+    parser.add_argument("--tokens", type=int, default=500, help="tokens per synthetic text")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    results = asyncio.run(sweep(args.url, args.model, single_texts(synthetic_texts(args.texts, args.tokens)),
+                                [float(r) for r in args.rates.split(",")], args.duration, max_total_s=args.max_total_s))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in results], f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -42,7 +42,7 @@ def test_report_file_has_the_machine_the_command_the_load_and_the_sections(tmp_p
     text = path.read_text()
     assert path == tmp_path / "bench_x.md" and (tmp_path / "bench_x.png").stat().st_size > 0
     assert text.startswith("# X against Y\n")
-    for line in (f"| machine | ", f"{os.cpu_count()} cores", "| command | `python perf/bench_x.py --rounds 1` "
+    for line in ("| machine | ", f"{os.cpu_count()} cores", "| command | `python perf/bench_x.py --rounds 1` "
                  "(from the repository root) |", "| load average (1/5/15 min) at start | ",
                  "| CPU used by other work during the run | "):
         assert line in text

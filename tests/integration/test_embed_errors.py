@@ -75,7 +75,8 @@ def test_good_requests_succeed_while_bad_ones_are_sent_concurrently(server):
             return await infer_aio(connection, [texts[i] for i in job])
         arguments, model, _ = BAD_REQUESTS[job]
         try:
-            await connection.infer(model, text_inputs(module=grpcclient, **arguments), outputs=requested(grpcclient, model))
+            await connection.infer(model, text_inputs(module=grpcclient, **arguments),
+                                   outputs=requested(grpcclient, model))
         except InferenceServerException as error:
             return error
         return None
