@@ -20,9 +20,10 @@ pausing --think seconds (+-50%) between requests, so the load is bounded whateve
   be 400 and over gRPC INVALID_ARGUMENT; on a gRPC stream the protocol carries no status (the
   stream's error is a message only), so there the message alone must name the input. One every
   2 x --think seconds, cycling through 17 kinds of bad request.
-Outcomes (harness.load.outcomes): a good request must be served, a bad one invalid; rejected
-or timed out (a queue policy turning it away under overload) is expected of either; anything
-else is unexpected, its message kept in the raw data.
+Outcomes (harness.load.outcomes): a good request must be served, a bad one invalid, a dropped
+stream cancelled (by its client, after the responses it wanted); rejected or timed out (a queue
+policy turning it away under overload) is expected of any; anything else is unexpected, its
+message kept in the raw data.
 
 Every --sample-every seconds: RSS of tritonserver plus all its stubs, and from the metrics
 endpoint the llm's active sequences, outstanding tokens, waiting requests, KV cache blocks (if
@@ -47,7 +48,7 @@ from harness.clients.kserve import connect, generate_inputs, llm_inputs, output,
 from harness.clients.streams import Streams
 from harness.corpora import PROMPTS, synthetic_prompts, synthetic_texts, varied_texts
 from harness.deploy import ALL_MODELS
-from harness.load.outcomes import FAILED, INVALID, REJECTED, SERVED, TIMED_OUT, Tally, classify
+from harness.load.outcomes import CANCELLED, FAILED, INVALID, REJECTED, SERVED, TIMED_OUT, Tally, classify
 from harness.load.threads import LoopThread
 from harness.references import llm_tokenizer
 from harness.server import benchmark_server
@@ -61,7 +62,7 @@ GAUGES = {  # llm gauges that must come back to 0 once the load has drained
     "waiting_requests": "tritonfront_llm_waiting_requests",
     "kv_cache_blocks": "tritonfront_llm_kv_cache_blocks",
 }
-CANCELLED = "tritonfront_llm_cancelled_requests_total"
+CANCELLED_METRIC = "tritonfront_llm_cancelled_requests_total"
 PENDING = "nv_inference_pending_request_count"
 OVERLOAD = (REJECTED, TIMED_OUT)
 TOO_BIG = "a" * (64 * 1024 + 1)
@@ -227,7 +228,7 @@ class CancelWorker(StreamWorker):
             seconds, ended_first = time.perf_counter() - start, problem == FINISHED
             if problem not in ("", FINISHED):
                 return self.tally.record(kind, FAILED, seconds, problem, expected=False)
-        self.tally.record(kind, SERVED, seconds)
+        self.tally.record(kind, CANCELLED, seconds)
         self.soak.dropped(ended_first)
 
 
@@ -336,7 +337,7 @@ class Soak:
             row["metrics_error"] = str(error)
         else:
             row.update({key: metric_sum(metrics, name, model=LLM) for key, name in GAUGES.items()})
-            row["cancelled_total"] = metric_sum(metrics, CANCELLED, model=LLM)
+            row["cancelled_total"] = metric_sum(metrics, CANCELLED_METRIC, model=LLM)
             row["pending_requests"] = metric_sum(metrics, PENDING)
         self.samples.append(row)
         return row
@@ -462,7 +463,7 @@ def write_report(rep: report.Report, soak: Soak, result: dict, rss: dict, args) 
             f"~{args.cancel_every:g} s, alternately cancelled over gRPC and dropped by an HTTP connection reset. "
             "The 0-unexpected target counts every request, warm-up included. See the script's docstring for what "
             "each kind checks.")
-    columns = [SERVED, INVALID, REJECTED, TIMED_OUT, FAILED]
+    columns = [SERVED, INVALID, CANCELLED, REJECTED, TIMED_OUT, FAILED]
     rows = [[kind, c["sent"], *(c[k] for k in columns), c["sent"] - sum(c[k] for k in columns), c["unexpected"],
              percentile([s * 1000 for s in tally.latencies[kind]], 50),
              percentile([s * 1000 for s in tally.latencies[kind]], 99), KINDS.get(kind, "")]
@@ -508,7 +509,7 @@ def write_report(rep: report.Report, soak: Soak, result: dict, rss: dict, args) 
                else f"NOT everything was 0 within the {args.drain_timeout:g} s drain") +
             ". Values 2 s after that:\n\n" + report.table(["gauge", "after the drain"], leak_rows) +
             f"\n\nCancelled or dropped streams: {soak.cancels} (and {soak.finished_early} that the model ended "
-            f"before the client dropped them); cancellations the llm counted ({CANCELLED}): {cancelled_seen:g}. "
+            f"before the client dropped them); cancellations the llm counted ({CANCELLED_METRIC}): {cancelled_seen:g}. "
             f"Most active sequences in a sample: {max((s.get('active_sequences') or 0) for s in soak.samples):g}.")
 
     log_errors = Counter(line[:200] for line in soak.server.error_lines())

@@ -121,7 +121,9 @@ class Tally:
 
     def record(self, request: str, outcome: str, seconds: float, message: str = "", expected: bool = True) -> None:
         """`expected`: whether this outcome is right for this request (an `invalid` answer to a
-        bad request is; a served one that fails its check is recorded as `failed`)."""
+        bad request is, and `cancelled` to one the client drops on purpose; a served one that
+        fails its check is recorded as `failed`). Overload outcomes may be expected, but their
+        latency is not the request's."""
         with self.lock:
             counts = self.counts[request]
             counts["sent"] += 1
@@ -133,7 +135,7 @@ class Tally:
                 self.unexpected_messages[request][message[:300]] += 1
                 if len(self.first_unexpected) < 50:
                     self.first_unexpected.append({"request": request, "outcome": outcome, "message": message[:2000]})
-            elif outcome in (SERVED, INVALID):
+            elif outcome not in (REJECTED, TIMED_OUT):  # the answer it should get: its latency counts
                 self.latencies[request].append(seconds)
 
     def unexpected(self) -> int:

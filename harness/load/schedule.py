@@ -53,18 +53,21 @@ async def open_loop(send: Callable[[int, float], Awaitable[T]], offsets: list[fl
 
 
 async def closed_loop(send: Callable[[int, float], Awaitable[T]], concurrency: int, duration: float,
-                      drain_timeout: Optional[float] = None) -> list[T]:
+                      drain_timeout: Optional[float] = None, stop_after: Optional[int] = None) -> list[T]:
     """`concurrency` clients, each calling send(number, now) again as soon as its last call
-    returned, until `duration` passed; numbers are 0, 1, 2 ... in order of sending. A call
-    still running `drain_timeout` after the end is cancelled (its result is left out). Returns
-    what the calls returned, in order of sending."""
+    returned, until `duration` passed (or, with `stop_after`, until that many were sent);
+    numbers are 0, 1, 2 ... in order of sending. A call still running `drain_timeout` after the
+    end is cancelled (its result is left out). Returns what the calls returned, in order of
+    sending."""
     numbers = itertools.count()
     results: dict[int, T] = {}
-    end = time.perf_counter() + duration
+    end = time.perf_counter() + duration if stop_after is None else float("inf")
 
     async def client():
         while time.perf_counter() < end:
             number = next(numbers)
+            if stop_after is not None and number >= stop_after:
+                return
             results[number] = await send(number, time.perf_counter())
 
     clients = [asyncio.create_task(client()) for _ in range(concurrency)]

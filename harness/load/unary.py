@@ -211,13 +211,16 @@ async def sweep(url: str, models: Sequence[str], make_inputs: InputsFactory, rat
     return results
 
 
-async def warm_up(url: str, make_inputs: InputsFactory, models: Sequence[str], requests: int = 64) -> list:
-    """`requests` concurrent requests to each model (every instance loads its first batch shapes);
-    returns the last model's results."""
+async def warm_up(url: str, make_inputs: InputsFactory, models: Sequence[str], requests: int = 64,
+                  concurrency: int = 16) -> list:
+    """`requests` requests to each model, `concurrency` at a time (every instance loads its first
+    batch shapes; more at once would meet the committed queue limits); returns the last model's
+    results in order."""
     check_loopback(url)
     async with grpcaio.InferenceServerClient(url) as client:
         for model in models:
-            results = await asyncio.gather(*(client.infer(model, make_inputs(i)) for i in range(requests)))
+            results = await closed_loop(lambda n, _: client.infer(model, make_inputs(n)), concurrency, 0.0,
+                                        stop_after=requests)
     return results
 
 

@@ -1,5 +1,6 @@
 """Every benchmark in perf/ imports (the harness, the library) and parses its arguments, so a
-broken import fails here and not an hour into perf/run_all.sh; and run_all.sh runs all of them."""
+broken import fails here and not an hour into perf/run_all.sh; run_all.sh runs all of them, and
+perf/README.md describes each with flags it has."""
 import importlib.util
 import re
 
@@ -8,10 +9,11 @@ import pytest
 from harness.paths import ROOT
 
 SCRIPTS = sorted((ROOT / "perf").glob("bench_*.py")) + [ROOT / "perf" / "soak.py"]
+FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
-def test_benchmark_imports_and_answers_help(script, monkeypatch, capsys):
+def test_benchmark_imports_answers_help_and_is_described(script, monkeypatch, capsys):
     spec = importlib.util.spec_from_file_location(f"perf_{script.stem}", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -19,7 +21,12 @@ def test_benchmark_imports_and_answers_help(script, monkeypatch, capsys):
     with pytest.raises(SystemExit) as done:
         module.main()
     assert done.value.code == 0
-    assert "--publish" in capsys.readouterr().out
+    flags = set(FLAG.findall(capsys.readouterr().out))
+    assert "--publish" in flags
+    readme = (ROOT / "perf" / "README.md").read_text()
+    row = next((line for line in readme.splitlines() if line.startswith(f"| `python perf/{script.name}`")), None)
+    assert row is not None, f"perf/README.md has no row for {script.name}"
+    assert set(FLAG.findall(row)) <= flags, f"perf/README.md names flags {script.name} lacks"
 
 
 def test_run_all_runs_every_benchmark_and_publishes():

@@ -93,6 +93,21 @@ def test_closed_loop_cancels_what_is_still_running_after_the_drain_timeout():
     assert results == [0, 1] and time.perf_counter() - started < 1.0
 
 
+def test_closed_loop_can_stop_after_a_number_of_requests():
+    in_flight, peak = 0, 0
+
+    async def send(number, now):
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.001)
+        in_flight -= 1
+        return number
+
+    assert asyncio.run(closed_loop(send, concurrency=3, duration=0.0, stop_after=10)) == list(range(10))
+    assert peak == 3
+
+
 class FakeClient:
     """tritonclient.grpc.aio's infer: answers after `seconds`, or raises `error` for some requests."""
 
