@@ -102,7 +102,9 @@ def triton_server(log_path: Path, repositories: Optional[Iterable[Path]] = None,
         except StartupAbort as abort:
             if attempt == attempts:
                 raise
-            print(f"tritonserver aborted while loading, starting it again: {str(abort)[-300:]}", flush=True)
+            kept = Path(log_path).rename(f"{log_path}.attempt{attempt}")
+            print(f"tritonserver aborted while loading (log: {kept}), starting it again: {str(abort)[-300:]}",
+                  flush=True)
             continue
         try:
             yield server

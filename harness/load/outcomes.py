@@ -21,6 +21,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Optional
 
+from tritonclient.utils import InferenceServerException
+
 from ..stats import percentile
 
 SERVED, REJECTED, TIMED_OUT, INVALID = "served", "rejected", "timed out", "invalid"
@@ -46,9 +48,10 @@ def classify(error: BaseException | str) -> str:
         return CANCELLED
     if isinstance(error, ConnectionError):
         return UNREACHABLE
-    status = getattr(error, "status", lambda: None)() if not isinstance(error, str) else None
-    message = (getattr(error, "message", lambda: None)() if not isinstance(error, str) else error) or str(error)
-    status = status or ""
+    if isinstance(error, InferenceServerException):
+        status, message = error.status() or "", error.message() or str(error)
+    else:
+        status, message = "", str(error)
     if QUEUE_FULL in message:
         return REJECTED
     if QUEUE_TIMEOUT in message:
