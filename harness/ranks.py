@@ -1,13 +1,12 @@
 """The llm ranks' load table (a file in /dev/shm each rank writes its own row of: outstanding
 tokens, waiting requests, active sequences): read directly, which costs the server nothing,
 unlike scraping its metrics endpoint."""
-import time
-
 import numpy as np
 
 from tritonfront import balancing
 
 from .accounting import Sampler
+from .load.threads import poll
 
 
 def read_table(server, model: str, ranks: int) -> np.ndarray:
@@ -31,11 +30,8 @@ class RankLoad(Sampler):
 
 def wait_idle(server, model: str, timeout: float = 60) -> None:
     """Until the model's (first) rank holds no sequence."""
-    deadline = time.monotonic() + timeout
-    while read_table(server, model, 1)[0, balancing.ACTIVE] > 0:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{model} still has active sequences after {timeout} s")
-        time.sleep(0.1)
+    if not poll(lambda: read_table(server, model, 1)[0, balancing.ACTIVE] == 0, timeout):
+        raise TimeoutError(f"{model} still has active sequences after {timeout} s")
 
 
 def load_ratio(samples: np.ndarray) -> dict:

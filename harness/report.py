@@ -151,6 +151,52 @@ class Report:
         return path
 
 
+def outcome_tables(tally, latency_is: dict[str, str]) -> str:
+    """A harness.load.outcomes.Tally as markdown: per kind of request (in the order of
+    `latency_is`, which says what each one's latency measures), the requests of each outcome, the
+    unexpected ones and latency percentiles; then the unexpected messages and the overload ones."""
+    from .load.outcomes import KINDS, REJECTED, TIMED_OUT
+    from .stats import percentile
+
+    total = tally.total()
+    columns = [kind for kind in KINDS if total[kind]]
+    order = list(latency_is) + sorted(set(tally.counts) - set(latency_is))
+    rows = [[kind, counts["sent"], *(counts[k] for k in columns), counts["unexpected"],
+             percentile([s * 1000 for s in tally.latencies[kind]], 50),
+             percentile([s * 1000 for s in tally.latencies[kind]], 99), latency_is.get(kind, "")]
+            for kind in order if (counts := tally.counts.get(kind))]
+    rows.append(["**all**", total["sent"], *(total[k] for k in columns), total["unexpected"], "", "", ""])
+    text = table(["request", "sent", *columns, "unexpected", "P50 ms", "P99 ms", "latency is"], rows)
+    if total["unexpected"]:
+        text += ("\n\nUnexpected outcomes (message: count):\n\n" +
+                 "\n".join(f"- {kind}: `{message}`: {n}" for kind, counter in tally.unexpected_messages.items()
+                           for message, n in counter.most_common(8)))
+    overload = tally.messages[REJECTED] + tally.messages[TIMED_OUT]
+    if overload:
+        text += "\n\nRejected or timed out (overload):\n\n" + "\n".join(
+            f"- `{m}`: {n}" for m, n in overload.most_common(5))
+    return text
+
+
+def memory_tables(total: dict, processes: dict[str, dict], after: Optional[int] = None) -> str:
+    """Resident memory growth (harness.stats.window_growth of bytes over seconds) of a process
+    tree, and of each process."""
+    mib = lambda b: b / 2**20  # noqa: E731
+    span = lambda pair: f"{pair[0] / 60:.1f}-{pair[1] / 60:.1f} min"  # noqa: E731
+    rows = [[f"median over the first window ({span(total['early'])})", mib(total["base"])],
+            [f"median over the last window ({span(total['late'])})", mib(total["end"])],
+            ["largest sample", mib(total["peak"])],
+            *([["at the end", mib(after)]] if after is not None else []),
+            ["growth: last window vs first", f"{total['growth_end'] * 100:+.1f}%"],
+            ["growth: largest sample vs first window", f"{total['growth_peak'] * 100:+.1f}%"],
+            ["linear trend", f"{mib(total['slope']) * 60:+.2f} MiB/min"]]
+    return (table(["", "RSS MiB (tritonserver + all stubs)"], rows) + "\n\nPer process (medians over the same "
+            "windows):\n\n" + table(
+                ["process", "first window MiB", "last window MiB", "change", "largest sample MiB", "trend MiB/min"],
+                [[name, mib(g["base"]), mib(g["end"]), f"{g['growth_end'] * 100:+.1f}%" if g["base"] else "new",
+                  mib(g["peak"]), f"{mib(g['slope']) * 60:+.2f}"] for name, g in processes.items()]))
+
+
 def write_raw(name: str, data) -> Path:
     """perf/results/raw/<name>.json: the numbers behind a report, for a later look."""
     RAW.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,18 @@ def rank_values(metrics: str, name: str) -> dict[str, float]:
             if "model" in labels and "rank" in labels}
 
 
+LLM_GAUGES = ("active_sequences", "outstanding_tokens", "waiting_requests", "kv_cache_blocks",
+              "cancelled_requests_total")
+
+
+def llm_gauges(metrics: str, model: str = "llm") -> dict[str, Optional[float]]:
+    """tritonfront's llm metrics summed over the model's ranks (None: not exported), and Triton's
+    pending requests of all models ("pending_requests")."""
+    out = {name: metric_sum(metrics, f"tritonfront_llm_{name}", model=model) for name in LLM_GAUGES}
+    out["pending_requests"] = metric_sum(metrics, "nv_inference_pending_request_count")
+    return out
+
+
 def histogram(metrics: str, name: str, **labels: str) -> dict:
     """A Prometheus histogram: upper bounds, cumulative counts, sum and count."""
     buckets = sorted(((float(got["le"]), value) for got, value in samples(metrics, f"{name}_bucket")

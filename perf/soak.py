@@ -42,28 +42,23 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from harness import report
-from harness.accounting import server_rss_by_process, tree_rss
+from harness.accounting import Sampler, server_rss_by_process, tree_rss
 from harness.clients.http import FINISHED, post, sse_then_reset
 from harness.clients.kserve import connect, generate_inputs, llm_inputs, output, text_inputs
 from harness.clients.streams import Streams
 from harness.corpora import PROMPTS, synthetic_prompts, synthetic_texts, varied_texts
 from harness.deploy import ALL_MODELS
 from harness.load.outcomes import CANCELLED, FAILED, INVALID, REJECTED, SERVED, TIMED_OUT, Tally, classify
-from harness.load.threads import LoopThread
+from harness.load.threads import LoopThread, poll
 from harness.references import llm_tokenizer
 from harness.server import benchmark_server
-from harness.stats import percentile, window_growth
-from harness.triton_metrics import metric_sum
+from harness.stats import window_growth
+from harness.triton_metrics import llm_gauges
 
 LLM = "llm"
-GAUGES = {  # llm gauges that must come back to 0 once the load has drained
-    "active_sequences": "tritonfront_llm_active_sequences",
-    "outstanding_tokens": "tritonfront_llm_outstanding_tokens",
-    "waiting_requests": "tritonfront_llm_waiting_requests",
-    "kv_cache_blocks": "tritonfront_llm_kv_cache_blocks",
-}
-CANCELLED_METRIC = "tritonfront_llm_cancelled_requests_total"
-PENDING = "nv_inference_pending_request_count"
+# What must come back to 0 once the load has drained: the llm's sequences, tokens and KV blocks,
+# and Triton's pending requests of every model.
+DRAINED = ("active_sequences", "outstanding_tokens", "waiting_requests", "kv_cache_blocks", "pending_requests")
 OVERLOAD = (REJECTED, TIMED_OUT)
 TOO_BIG = "a" * (64 * 1024 + 1)
 EMBED_BATCHES = [1, 1, 1, 2, 3, 4, 8, 16, 32, 64]
@@ -228,7 +223,7 @@ class CancelWorker(StreamWorker):
             seconds, ended_first = time.perf_counter() - start, problem == FINISHED
             if problem not in ("", FINISHED):
                 return self.tally.record(kind, FAILED, seconds, problem, expected=False)
-        self.tally.record(kind, CANCELLED, seconds)
+        self.tally.record(kind, SERVED if ended_first else CANCELLED, seconds)
         self.soak.dropped(ended_first)
 
 
@@ -242,8 +237,8 @@ class BadWorker(StreamWorker):
         self.turn = 0
 
     def bad_cases(self) -> list[tuple]:
-        """(kind, send, what the error must say, whether it travels on a gRPC stream); `send`
-        raises the error, or returns when the request was accepted."""
+        """(kind, send, what the error must say); `send` raises the error, or returns when the
+        request was accepted."""
         def embed(client, module, items, dimensions=None):
             return lambda: client.infer("embed", text_inputs(items, module, dimensions=dimensions),
                                         outputs=[module.InferRequestedOutput("embedding")])
@@ -303,8 +298,7 @@ class BadWorker(StreamWorker):
 
 def drained(row: dict) -> bool:
     """Nothing left in the llm or in Triton's queues (a gauge the server does not export counts as 0)."""
-    return ("metrics_error" not in row and all(row.get(key) in (0, None) for key in GAUGES)
-            and row.get("pending_requests") in (0, None))
+    return "metrics_error" not in row and all(row.get(key) in (0, None) for key in DRAINED)
 
 
 class Soak:
@@ -336,63 +330,49 @@ class Soak:
         except OSError as error:
             row["metrics_error"] = str(error)
         else:
-            row.update({key: metric_sum(metrics, name, model=LLM) for key, name in GAUGES.items()})
-            row["cancelled_total"] = metric_sum(metrics, CANCELLED_METRIC, model=LLM)
-            row["pending_requests"] = metric_sum(metrics, PENDING)
+            row.update(llm_gauges(metrics, LLM))
         self.samples.append(row)
         return row
 
-    def sampler(self, phase_of) -> None:
-        while not self.stop.wait(self.args.sample_every):
-            self.sample(phase_of())
+    def workers(self) -> list[Worker]:
+        args, seeds = self.args, iter(range(self.args.seed, self.args.seed + 1000))
+        return [*(EmbedWorker(p, self, next(seeds), args.think) for p in ("http", "grpc")
+                  for _ in range(args.embed_workers)),
+                *(GenerateWorker(True, self, next(seeds), args.think) for _ in range(args.stream_workers)),
+                *(GenerateWorker(False, self, next(seeds), args.think) for _ in range(args.whole_workers)),
+                *(CancelWorker(self, next(seeds), args.cancel_every) for _ in range(args.cancel_workers)),
+                *(BadWorker(self, next(seeds), args.think * 2) for _ in range(args.bad_workers))]
 
     def run(self) -> dict:
-        args = self.args
-        self.start = time.monotonic()
-        seeds = iter(range(args.seed, args.seed + 1000))
-        workers = [*(EmbedWorker(p, self, next(seeds), args.think)
-                     for p in ("http", "grpc") for _ in range(args.embed_workers)),
-                   *(GenerateWorker(True, self, next(seeds), args.think) for _ in range(args.stream_workers)),
-                   *(GenerateWorker(False, self, next(seeds), args.think) for _ in range(args.whole_workers)),
-                   *(CancelWorker(self, next(seeds), args.cancel_every) for _ in range(args.cancel_workers)),
-                   *(BadWorker(self, next(seeds), args.think * 2) for _ in range(args.bad_workers))]
+        args, self.start = self.args, time.monotonic()
+        workers = self.workers()
         self.worker_counts = Counter(w.name for w in workers)
         warmup_end = self.start + args.warmup_minutes * 60
         load_end = warmup_end + args.minutes * 60
         phase_of = lambda: "warm-up" if time.monotonic() < warmup_end else "load"  # noqa: E731
         self.sample("start")
-        sampler = threading.Thread(target=self.sampler, args=(phase_of,), daemon=True)
-        sampler.start()
-        for worker in workers:
-            worker.start()
-        while time.monotonic() < load_end:
-            time.sleep(min(10.0, max(0.0, load_end - time.monotonic())))
-            print(f"{time.monotonic() - self.start:6.0f} s {phase_of():8s} " + "  ".join(
-                f"{k}: {c['sent'] - c['unexpected']}/{c['sent']}"
-                + (f" UNEXPECTED {c['unexpected']}" if c["unexpected"] else "")
-                for k, c in sorted(self.tally.counts.items())) + f"  rss {self.samples[-1]['rss'] / 2**20:.0f} MiB "
-                f"active {self.samples[-1].get('active_sequences')}", flush=True)
+        sampler = Sampler(lambda: self.sample(phase_of()), args.sample_every)
+        for thread in (sampler, *workers):
+            thread.start()
+        while (left := load_end - time.monotonic()) > 0:
+            time.sleep(min(10.0, left))
+            total, last = self.tally.total(), self.samples[-1]
+            print(f"{time.monotonic() - self.start:6.0f} s {phase_of():8s} {total['sent']} requests, "
+                  f"{total['unexpected']} unexpected; rss {last['rss'] / 2**20:.0f} MiB, active sequences "
+                  f"{last.get('active_sequences')}", flush=True)
         self.stop.set()
-        sampler.join()
+        sampler.stop()
         stopped = time.monotonic()
         self.sample("load end")
         for worker in workers:
             worker.join(args.request_timeout + 30)
-        hung = [w.name for w in workers if w.is_alive()]
         workers_done = time.monotonic()
-        drained_at = None
-        while True:
-            if drained(self.sample("drain")):
-                drained_at = time.monotonic()
-                break
-            if time.monotonic() >= workers_done + args.drain_timeout:
-                break
-            time.sleep(1)
+        drained_at = poll(lambda: drained(self.sample("drain")) and time.monotonic(), args.drain_timeout, 1.0)
         time.sleep(2)  # a sequence that reappears (a late request) shows in the very last sample
-        final = self.sample("after drain")
-        return {"stopped": stopped, "workers_done_s": workers_done - stopped, "hung_workers": hung,
-                "drain_s": None if drained_at is None else drained_at - workers_done, "final": final,
-                "ready": self.server.is_ready(), "health": self.health_check(),
+        return {"stopped": stopped, "workers_done_s": workers_done - stopped,
+                "hung_workers": [w.name for w in workers if w.is_alive()],
+                "drain_s": None if drained_at is None else drained_at - workers_done,
+                "final": self.sample("after drain"), "ready": self.server.is_ready(), "health": self.health_check(),
                 "warmup_end_t": warmup_end - self.start, "load_end_t": stopped - self.start}
 
     def health_check(self) -> str:
@@ -423,7 +403,7 @@ def rss_summary(samples: list[dict], window_s: float) -> dict:
     names = sorted({n for s in load for n in s["processes"]})
     processes = {n: window_growth(t, [s["processes"].get(n, 0) for s in load], window_s) for n in names}
     return {**total, "after_drain": [s for s in samples if s["phase"] == "after drain"][-1]["rss"],
-            "processes": processes}
+            "processes": processes, "window_s": window_s}
 
 
 def plot(samples: list[dict], warmup_end: float, load_end: float, rss: dict):
@@ -452,55 +432,27 @@ def plot(samples: list[dict], warmup_end: float, load_end: float, rss: dict):
 
 def write_report(rep: report.Report, soak: Soak, result: dict, rss: dict, args) -> bool:
     tally, final = soak.tally, result["final"]
-    cancelled_seen = (final.get("cancelled_total") or 0) - (soak.samples[0].get("cancelled_total") or 0)
+    counted = [(row.get("cancelled_requests_total") or 0) for row in (soak.samples[0], final)]
+    cancelled_seen = counted[1] - counted[0]
     kv_present = final.get("kv_cache_blocks") is not None
     unexpected = tally.unexpected()
     rep.add(f"Mixed load on one tritonserver with all the committed models: {args.warmup_minutes:g} min warm-up, then "
-            f"{args.minutes:g} min of load, then the drain. Workers (independent closed loops, each its own connection, "
+            f"{args.minutes:g} min of load, then the drain. Workers (independent closed loops, each its own "
+            "connection, "
             f"{args.think:g} s +-50% pause between requests, {args.think * 2:g} s for bad requests): " +
             ", ".join(f"{n} x {k}" for k, n in soak.worker_counts.items()) +
             f". Cancelled streams go to `{args.cancel_model}` with max_tokens {args.cancel_max_tokens}, one every "
             f"~{args.cancel_every:g} s, alternately cancelled over gRPC and dropped by an HTTP connection reset. "
             "The 0-unexpected target counts every request, warm-up included. See the script's docstring for what "
             "each kind checks.")
-    columns = [SERVED, INVALID, CANCELLED, REJECTED, TIMED_OUT, FAILED]
-    rows = [[kind, c["sent"], *(c[k] for k in columns), c["sent"] - sum(c[k] for k in columns), c["unexpected"],
-             percentile([s * 1000 for s in tally.latencies[kind]], 50),
-             percentile([s * 1000 for s in tally.latencies[kind]], 99), KINDS.get(kind, "")]
-            for kind, c in sorted(tally.counts.items(), key=lambda item: list(KINDS).index(item[0])
-                                  if item[0] in KINDS else len(KINDS))]
-    total = tally.total()
-    rows.append(["**all**", total["sent"], *(total[k] for k in columns), total["sent"] - sum(total[k] for k in columns),
-                 total["unexpected"], "", "", ""])
-    rep.add(report.table(["kind", "sent", *columns, "other outcomes", "unexpected", "P50 ms", "P99 ms", "latency is"],
-                         rows))
-    if unexpected:
-        rep.add("Unexpected outcomes (message: count; the first 50 in full in perf/results/raw/soak.json):\n\n" +
-                "\n".join(f"- {kind}: `{message}`: {n}" for kind, counter in tally.unexpected_messages.items()
-                          for message, n in counter.most_common(8)))
-    overload = tally.messages[REJECTED] + tally.messages[TIMED_OUT]
-    if overload:
-        rep.add("Rejected or timed out (overload):\n\n"
-                + "\n".join(f"- `{m}`: {n}" for m, n in overload.most_common(5)))
+    rep.add(report.outcome_tables(tally, KINDS) + "\n\n(The first 50 unexpected ones in full: "
+            "perf/results/raw/soak.json.)")
+    rep.add(f"## Memory\n\nAfter the warm-up, windows of {rss['window_s']:g} s; \"at the end\": after the drain.\n\n"
+            + report.memory_tables(rss, rss["processes"], rss["after_drain"]))
 
-    mib = lambda b: b / 2**20  # noqa: E731
-    span = lambda pair: f"{pair[0] / 60:.1f}-{pair[1] / 60:.1f} min"  # noqa: E731
-    rep.add("## Memory\n\n" + report.table(["", "RSS MiB (tritonserver + all stubs)"], [
-        [f"median just after warm-up ({span(rss['early'])})", mib(rss["base"])],
-        [f"median at the end of the load ({span(rss['late'])})", mib(rss["end"])],
-        ["largest sample after warm-up", mib(rss["peak"])],
-        ["after the drain", mib(rss["after_drain"])],
-        ["growth: end of the load vs just after warm-up", f"{rss['growth_end'] * 100:+.1f}%"],
-        ["growth: largest sample vs just after warm-up", f"{rss['growth_peak'] * 100:+.1f}%"],
-        ["linear trend after warm-up", f"{mib(rss['slope']) * 60:+.2f} MiB/min"],
-    ]) + "\n\nPer process (medians over the same windows):\n\n" + report.table(
-        ["process", "just after warm-up MiB", "end of the load MiB", "change", "largest sample MiB", "trend MiB/min"],
-        [[name, mib(g["base"]), mib(g["end"]), f"{g['growth_end'] * 100:+.1f}%" if g["base"] else "new",
-          mib(g["peak"]), f"{mib(g['slope']) * 60:+.2f}"] for name, g in rss["processes"].items()]))
-
-    leak_rows = [[f"llm {key.replace('_', ' ')}", "absent" if final.get(key) is None else f"{final[key]:g}"]
-                 for key in [*GAUGES, "pending_requests"]]
-    leak_rows[-1][0] = "Triton pending requests, all models (nv_inference_pending_request_count)"
+    leak_rows = [[f"llm {key.replace('_', ' ')}" if key != "pending_requests" else
+                  "Triton pending requests, all models (nv_inference_pending_request_count)",
+                  "absent" if final.get(key) is None else f"{final[key]:g}"] for key in DRAINED]
     rep.add("## Leaks\n\n"
             f"Load stopped; workers finished their last requests in {result['workers_done_s']:.1f} s"
             + (f" (still running after the wait: {result['hung_workers']})" if result["hung_workers"] else "") +
@@ -509,8 +461,9 @@ def write_report(rep: report.Report, soak: Soak, result: dict, rss: dict, args) 
                else f"NOT everything was 0 within the {args.drain_timeout:g} s drain") +
             ". Values 2 s after that:\n\n" + report.table(["gauge", "after the drain"], leak_rows) +
             f"\n\nCancelled or dropped streams: {soak.cancels} (and {soak.finished_early} that the model ended "
-            f"before the client dropped them); cancellations the llm counted ({CANCELLED_METRIC}): {cancelled_seen:g}. "
-            f"Most active sequences in a sample: {max((s.get('active_sequences') or 0) for s in soak.samples):g}.")
+            "before the client dropped them); cancellations the llm counted "
+            f"(tritonfront_llm_cancelled_requests_total): {cancelled_seen:g}. Most active sequences in a sample: "
+            f"{max((s.get('active_sequences') or 0) for s in soak.samples):g}.")
 
     log_errors = Counter(line[:200] for line in soak.server.error_lines())
     leaks_ok = result["drain_s"] is not None and drained(final)

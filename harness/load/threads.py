@@ -2,7 +2,10 @@
 sockets): each thread runs `once()` again when the last call ended, after a pause, until stopped."""
 import random
 import threading
-from typing import Callable
+import time
+from typing import Callable, Optional, TypeVar
+
+T = TypeVar("T")
 
 
 class LoopThread(threading.Thread):
@@ -44,3 +47,13 @@ class CallLoop(LoopThread):
 
     def once(self) -> None:
         self.call()
+
+
+def poll(condition: Callable[[], Optional[T]], timeout: float, every: float = 0.1) -> Optional[T]:
+    """The first true value of `condition()`, tried every `every` seconds; None after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(every)
+    return value

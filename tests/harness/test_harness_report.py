@@ -47,3 +47,34 @@ def test_report_file_has_the_machine_the_command_the_load_and_the_sections(tmp_p
                  "| CPU used by other work during the run | "):
         assert line in text
     assert text.endswith("Some words.\n\n| a |\n|---|\n| 1.5 |\n")
+
+
+def test_outcome_tables_count_each_outcome_and_list_the_unexpected():
+    from harness.load.outcomes import CANCELLED, FAILED, INVALID, REJECTED, SERVED, Tally
+
+    tally = Tally()
+    for seconds in (0.1, 0.2, 0.3):
+        tally.record("embed", SERVED, seconds)
+    tally.record("embed", REJECTED, 0.01, "Exceeds maximum queue size")
+    tally.record("bad", INVALID, 0.005, "dimensions: 0 is outside 1..384")
+    tally.record("bad", SERVED, 0.1, "accepted (expected invalid)", expected=False)
+    tally.record("cancel", CANCELLED, 1.0)
+    lines = report.outcome_tables(tally, {"embed": "request", "cancel": "send to cancellation"}).splitlines()
+    assert lines[0] == "| request | sent | served | rejected | invalid | cancelled | unexpected | P50 ms | P99 ms | latency is |"
+    assert lines[2] == "| embed | 4 | 3 | 1 | 0 | 0 | 0 | 200.0 | 298.0 | request |"
+    assert lines[3] == "| cancel | 1 | 0 | 0 | 0 | 1 | 0 | 1000.0 | 1000.0 | send to cancellation |"
+    assert lines[4].startswith("| bad | 2 | 1 | 0 | 1 | 0 | 1 | 5 |")  # not in the order given: last
+    assert lines[5] == "| **all** | 7 | 4 | 1 | 1 | 1 | 1 |  |  |  |"
+    assert "- bad: `accepted (expected invalid)`: 1" in lines and "- `Exceeds maximum queue size`: 1" in lines
+    assert FAILED not in lines[0]  # outcomes nobody got have no column
+
+
+def test_memory_tables_show_growth_in_mib():
+    from harness.stats import window_growth
+
+    times = list(range(0, 600, 10))
+    total = window_growth(times, [2**30 + t * 2**20 / 60 for t in times], 60)
+    text = report.memory_tables(total, {"llm_0_0": total}, after=2**30)
+    assert "| median over the first window (0.0-1.0 min) | 1024.5 |" in text
+    assert "| linear trend | +1.00 MiB/min |" in text and "| at the end | 1024.0 |" in text
+    assert "| llm_0_0 | 1024.5 | 1033.3 | +0.9% | 1033.8 | +1.00 |" in text

@@ -7,7 +7,8 @@ import pytest
 
 from harness.stats import (latency_summary, mean, median, median_rate, median_ratio, percentile, ratio,
                            window_growth)
-from harness.triton_metrics import (counters, histogram, histogram_delta, histogram_quantile, metric_sum,
+from harness.load.threads import poll
+from harness.triton_metrics import (counters, histogram, histogram_delta, histogram_quantile, llm_gauges, metric_sum,
                                     metric_value, rank_values, samples, statistics_delta)
 
 
@@ -80,6 +81,19 @@ def test_prometheus_samples_by_labels():
     assert metric_sum(METRICS, "tritonfront_llm_outstanding_tokens") == 205
     assert metric_sum(METRICS, "tritonfront_llm_kv_cache_blocks") is None
     assert rank_values(METRICS, "tritonfront_llm_outstanding_tokens") == {"llm/0": 120, "llm/1": 80, "llm_none/0": 5}
+
+
+def test_llm_gauges_sum_the_ranks_of_one_model():
+    gauges = llm_gauges(METRICS + 'nv_inference_pending_request_count{model="llm",version="1"} 3\n')
+    assert gauges["outstanding_tokens"] == 200 and gauges["pending_requests"] == 3
+    assert gauges["kv_cache_blocks"] is None  # not exported: absent, not 0
+    assert llm_gauges(METRICS, "llm_none")["outstanding_tokens"] == 5
+
+
+def test_poll_returns_the_first_true_value_or_none_after_the_timeout():
+    values = iter([0, None, 7, 8])
+    assert poll(lambda: next(values), timeout=5, every=0.001) == 7
+    assert poll(lambda: 0, timeout=0.05, every=0.01) is None
 
 
 def test_histogram_in_any_label_order_and_its_quantiles():

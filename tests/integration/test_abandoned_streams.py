@@ -11,7 +11,7 @@ from harness.clients.kserve import generate_inputs
 from harness.clients.streams import Streams
 from harness.deploy import write_deployment
 from harness.server import triton_server
-from harness.triton_metrics import rank_values as metric_values
+from harness.triton_metrics import llm_gauges as harness_llm_gauges
 
 LONG = 1500  # tokens: at this machine's speed, minutes of work each if nothing frees them
 LIVE = 300  # tokens of the stream that goes on throughout (it must not be taken for abandoned)
@@ -32,9 +32,7 @@ def counting(n: int) -> str:
 
 
 def llm_gauges(server) -> dict[str, float]:
-    metrics = server.metrics()
-    return {name: sum(v for k, v in metric_values(metrics, f"tritonfront_llm_{name}").items() if k.startswith("llm/"))
-            for name in ("active_sequences", "kv_cache_blocks", "outstanding_tokens", "cancelled_requests_total")}
+    return harness_llm_gauges(server.metrics(), "llm")
 
 
 def wait_for(condition, timeout: float, what: str):
