@@ -17,8 +17,9 @@ import numpy as np
 from .load import Load
 from .shared_tables import DEFAULT_DIRECTORY, open_rows, remove_stale_tables, table_path
 
-FIELDS = ("outstanding_tokens", "waiting_requests", "active_sequences", "heartbeat_ns")
-OUTSTANDING, WAITING, ACTIVE, HEARTBEAT = range(len(FIELDS))
+FIELDS = ("outstanding_tokens", "waiting_requests", "active_sequences", "heartbeat_ns", "kv_cache_blocks",
+          "kv_cache_capacity_blocks")
+OUTSTANDING, WAITING, ACTIVE, HEARTBEAT, KV_BLOCKS, KV_CAPACITY = range(len(FIELDS))
 BALANCING_MODES = ("tokens", "none")
 
 
@@ -42,7 +43,7 @@ class LoadTable:
 
     def publish(self, load: Load) -> None:
         self._rows[self.rank] = (load.outstanding_tokens, load.waiting_requests, load.active_sequences,
-                                 time.monotonic_ns())
+                                 time.monotonic_ns(), load.kv_cache_blocks, load.kv_cache_capacity_blocks)
 
     def snapshot(self) -> np.ndarray:
         return np.array(self._rows)
@@ -51,6 +52,14 @@ class LoadTable:
         alive = (time.monotonic_ns() - rows[:, HEARTBEAT]) < self.stale_ns
         alive[self.rank] = True
         return alive
+
+    def live_loads(self) -> list[Load]:
+        """The loads of the live ranks (this one included), as their rows say."""
+        rows = self.snapshot()
+        return [Load(outstanding_tokens=int(row[OUTSTANDING]), waiting_requests=int(row[WAITING]),
+                     active_sequences=int(row[ACTIVE]), kv_cache_blocks=int(row[KV_BLOCKS]),
+                     kv_cache_capacity_blocks=int(row[KV_CAPACITY]))
+                for row in rows[self.live_ranks(rows)]]
 
     def least_loaded(self) -> bool:
         """Whether no live rank has fewer outstanding tokens than this one (ties count as least)."""

@@ -198,7 +198,7 @@ class GenerationLoop:
             completions = [live.completion for live in self._live.values()]
             return Load(sum(c.prompt_tokens + c.generated for c in completions),
                         sum(c.generated == 0 for c in completions), len(completions), self._cancelled,
-                        self.engine.kv_cache_blocks())
+                        self.engine.kv_cache_blocks(), self.engine.kv_cache_capacity_blocks())
 
     def publish_load(self) -> None:
         self.on_load(self.load())

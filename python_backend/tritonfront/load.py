@@ -1,8 +1,20 @@
-"""A rank's load: what the balancing table and the metrics endpoint publish about one `llm`
-instance, and which metric changes a new load makes."""
+"""A rank's load and a model's load: what the balancing table and the metrics endpoint publish
+about the `llm` instances, and which metric changes a new load makes.
+
+Each rank publishes its own gauges (labels model, rank). A router picking between replicas
+(Gateway API Inference Extension's endpoint picker) reads one series per replica, so the model's
+rank 0 also publishes the model's totals (label model), with the meaning of vLLM's
+`vllm:num_requests_waiting`, `vllm:num_requests_running` and `vllm:kv_cache_usage_perc`:
+waiting counts the requests in Triton's queue of the model as well as those the ranks hold
+without a token yet, since both wait to be scheduled; a rank cannot see Triton's queue, which
+Triton itself exports (nv_inference_pending_request_count, tritonfront.server_metrics reads it).
+"""
+import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Sequence
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -14,6 +26,38 @@ class Load:
     active_sequences: int = 0  # unfinished requests
     cancelled_requests: int = 0  # since start, abandoned streams included
     kv_cache_blocks: int = 0  # held by unfinished requests, as the engine counts them
+    kv_cache_capacity_blocks: int = 0  # the engine's whole KV cache; 0: the engine does not tell
+
+    @property
+    def running_requests(self) -> int:
+        """Unfinished requests that generated a token: in the engine's running batch."""
+        return self.active_sequences - self.waiting_requests
+
+    @property
+    def kv_cache_utilization(self) -> float:
+        """Held KV cache blocks as a fraction of the cache, 0..1 (0 when the capacity is unknown;
+        a block that several requests share counts once per request, hence the cap)."""
+        if self.kv_cache_capacity_blocks <= 0:
+            return 0.0
+        return min(1.0, self.kv_cache_blocks / self.kv_cache_capacity_blocks)
+
+
+@dataclass(frozen=True)
+class ModelLoad:
+    """A model's load over its live ranks and Triton's queue."""
+
+    waiting_requests: int = 0
+    running_requests: int = 0
+    kv_cache_utilization: float = 0.0
+
+    @classmethod
+    def of(cls, ranks: Sequence[Load], queued: int) -> "ModelLoad":
+        """`ranks`: the live ranks' loads; `queued`: requests in Triton's queue of the model."""
+        capacity = sum(rank.kv_cache_capacity_blocks for rank in ranks)
+        held = sum(rank.kv_cache_blocks for rank in ranks)
+        return cls(waiting_requests=queued + sum(rank.waiting_requests for rank in ranks),
+                   running_requests=sum(rank.running_requests for rank in ranks),
+                   kv_cache_utilization=min(1.0, held / capacity) if capacity > 0 else 0.0)
 
 
 @dataclass(frozen=True)
@@ -27,13 +71,31 @@ class MetricSpec:
 LOAD_GAUGES = {
     "outstanding_tokens": MetricSpec("tritonfront_llm_outstanding_tokens",
                                      "Prompt and generated tokens of unfinished requests", "gauge"),
-    "waiting_requests": MetricSpec("tritonfront_llm_waiting_requests", "Requests with no token generated yet", "gauge"),
+    "waiting_requests": MetricSpec("tritonfront_llm_waiting_requests",
+                                   "Requests this rank holds with no token generated yet", "gauge"),
     "active_sequences": MetricSpec("tritonfront_llm_active_sequences", "Unfinished requests", "gauge"),
     "kv_cache_blocks": MetricSpec("tritonfront_llm_kv_cache_blocks", "KV cache blocks held by unfinished requests",
                                   "gauge"),
+    "running_requests": MetricSpec("tritonfront_llm_running_requests",
+                                   "Unfinished requests that generated a token (in the running batch)", "gauge"),
+    "kv_cache_utilization": MetricSpec("tritonfront_llm_kv_cache_utilization",
+                                       "Fraction (0..1) of this rank's KV cache held by unfinished requests", "gauge"),
 }
 CANCELLED_REQUESTS = MetricSpec("tritonfront_llm_cancelled_requests_total",
                                 "Requests cancelled or abandoned by their client", "counter")
+
+# ModelLoad field -> the gauge that shows it, labelled by model only: what a router reads.
+MODEL_GAUGES = {
+    "waiting_requests": MetricSpec("tritonfront_num_requests_waiting",
+                                   "Requests waiting to be scheduled: in Triton's queue of the model, or held by a "
+                                   "rank with no token generated yet (as vllm:num_requests_waiting)", "gauge"),
+    "running_requests": MetricSpec("tritonfront_num_requests_running",
+                                   "Requests in the ranks' running batches, summed over the ranks "
+                                   "(as vllm:num_requests_running)", "gauge"),
+    "kv_cache_utilization": MetricSpec("tritonfront_kv_cache_utilization",
+                                       "Fraction (0..1) of the ranks' KV caches held by unfinished requests "
+                                       "(as vllm:kv_cache_usage_perc)", "gauge"),
+}
 
 
 class LoadMetrics:
@@ -56,3 +118,45 @@ class LoadMetrics:
             if load.cancelled_requests > self._last.cancelled_requests:
                 self.cancelled.increment(load.cancelled_requests - self._last.cancelled_requests)
             self._last = load
+
+
+class ModelLoadPublisher:
+    """Sets the model's gauges every `interval_s` from the live ranks' loads (`ranks`) and
+    Triton's queue of the model (`queued`: None when it cannot be read, then counted as 0).
+    One rank of a model runs it: the gauges have no rank label."""
+
+    def __init__(self, ranks: Callable[[], Sequence[Load]], queued: Callable[[], Optional[int]],
+                 metric: Callable[[MetricSpec], Any], interval_s: float = 0.25):
+        self.ranks, self.queued, self.interval_s = ranks, queued, interval_s
+        self.gauges = {field: metric(spec) for field, spec in MODEL_GAUGES.items()}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tritonfront-model-load", daemon=True)
+        self._queue_unknown = False
+
+    def publish(self) -> ModelLoad:
+        queued = self.queued()
+        if queued is None and not self._queue_unknown:
+            logger.warning("Triton's queue of the model cannot be read from its metrics endpoint: "
+                           f"{MODEL_GAUGES['waiting_requests'].name} counts only what the ranks hold")
+        self._queue_unknown = queued is None
+        load = ModelLoad.of(self.ranks(), queued or 0)
+        for field, gauge in self.gauges.items():
+            gauge.set(getattr(load, field))
+        return load
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.publish()
+            except Exception:  # a metrics hiccup must not end the thread
+                logger.exception("publishing the model's load failed")
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> "ModelLoadPublisher":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)

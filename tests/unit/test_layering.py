@@ -19,7 +19,7 @@ TRITON_ONLY = ("triton_python_backend_utils", "triton_glue")
 LAYERS = [
     {"errors", "threads"},
     {"engines"},
-    {"inputs", "shared_tables", "ragged", "devices", "model_sources", "stopping", "load"},
+    {"inputs", "shared_tables", "ragged", "devices", "model_sources", "stopping", "load", "server_metrics"},
     {"tokenization", "encoding", "detokenization", "delivery", "balancing", "generation_request", "core_sharing"},
     {"pooling", "generation"},
     {"model_config"},

@@ -1,5 +1,10 @@
-"""Which metric calls a new load makes: changed gauges only, the counter by the difference."""
-from tritonfront.load import CANCELLED_REQUESTS, LOAD_GAUGES, Load, LoadMetrics
+"""Which metric calls a new load makes (changed gauges only, the counter by the difference), and
+what the model's gauges a router reads add up to."""
+import re
+import threading
+
+from tritonfront.load import (CANCELLED_REQUESTS, LOAD_GAUGES, MODEL_GAUGES, Load, LoadMetrics, ModelLoad,
+                              ModelLoadPublisher)
 
 
 class Recorded:
@@ -24,10 +29,70 @@ def test_only_changes_reach_the_metrics():
     calls.clear()
     metrics.update(Load(outstanding_tokens=12, waiting_requests=1, active_sequences=1))
     assert calls == []
-    metrics.update(Load(outstanding_tokens=0, cancelled_requests=2, kv_cache_blocks=3))
+    metrics.update(Load(outstanding_tokens=0, cancelled_requests=2, kv_cache_blocks=3, kv_cache_capacity_blocks=12))
     assert calls == [("tritonfront_llm_outstanding_tokens", "set", 0), ("tritonfront_llm_waiting_requests", "set", 0),
                      ("tritonfront_llm_active_sequences", "set", 0), ("tritonfront_llm_kv_cache_blocks", "set", 3),
+                     ("tritonfront_llm_kv_cache_utilization", "set", 0.25),
                      ("tritonfront_llm_cancelled_requests_total", "increment", 2)]
     calls.clear()
-    metrics.update(Load(cancelled_requests=5, kv_cache_blocks=3))
+    metrics.update(Load(cancelled_requests=5, kv_cache_blocks=3, kv_cache_capacity_blocks=12))
     assert calls == [("tritonfront_llm_cancelled_requests_total", "increment", 3)]
+    metrics.update(Load(waiting_requests=1, active_sequences=4, cancelled_requests=5, kv_cache_blocks=3,
+                        kv_cache_capacity_blocks=12))
+    assert ("tritonfront_llm_running_requests", "set", 3) in calls
+
+
+def test_a_rank_runs_what_generated_a_token_and_its_cache_is_a_fraction():
+    load = Load(waiting_requests=2, active_sequences=5, kv_cache_blocks=6, kv_cache_capacity_blocks=8)
+    assert load.running_requests == 3 and load.kv_cache_utilization == 0.75
+    assert Load(kv_cache_blocks=3).kv_cache_utilization == 0.0  # an engine that does not tell its capacity
+    # Blocks shared by requests count once per request: never above the whole cache.
+    assert Load(kv_cache_blocks=9, kv_cache_capacity_blocks=8).kv_cache_utilization == 1.0
+
+
+def test_the_model_waits_for_its_queue_and_its_ranks_and_runs_what_the_ranks_run():
+    ranks = [Load(waiting_requests=1, active_sequences=4, kv_cache_blocks=2, kv_cache_capacity_blocks=8),
+             Load(waiting_requests=0, active_sequences=3, kv_cache_blocks=6, kv_cache_capacity_blocks=8)]
+    assert ModelLoad.of(ranks, queued=5) == ModelLoad(waiting_requests=6, running_requests=6,
+                                                      kv_cache_utilization=0.5)
+    assert ModelLoad.of([], queued=2) == ModelLoad(waiting_requests=2)
+
+
+METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+def test_metric_names_are_prometheus_names_of_tritonfront():
+    specs = [*LOAD_GAUGES.values(), CANCELLED_REQUESTS, *MODEL_GAUGES.values()]
+    for spec in specs:
+        assert METRIC_NAME.match(spec.name) and spec.name.startswith("tritonfront_") and ":" not in spec.name
+    assert len({spec.name for spec in specs}) == len(specs)
+
+
+def test_the_publisher_sets_the_model_gauges_and_survives_an_unreadable_queue():
+    calls = []
+    queue = iter([3, None])
+    publisher = ModelLoadPublisher(lambda: [Load(waiting_requests=1, active_sequences=2, kv_cache_blocks=1,
+                                                 kv_cache_capacity_blocks=4)],
+                                   lambda: next(queue), lambda spec: Recorded(spec, calls))
+    assert publisher.publish() == ModelLoad(4, 1, 0.25)
+    assert calls == [("tritonfront_num_requests_waiting", "set", 4), ("tritonfront_num_requests_running", "set", 1),
+                     ("tritonfront_kv_cache_utilization", "set", 0.25)]
+    assert publisher.publish().waiting_requests == 1  # the queue unknown: what the ranks hold
+
+
+def test_the_publisher_thread_keeps_publishing_until_stopped():
+    published = threading.Event()
+    calls = []
+
+    class Signal(Recorded):
+        def set(self, value):
+            super().set(value)
+            published.set()
+
+    publisher = ModelLoadPublisher(lambda: [], lambda: 0, lambda spec: Signal(spec, calls), interval_s=0.01).start()
+    try:
+        assert published.wait(5)
+    finally:
+        publisher.stop()
+    assert not publisher._thread.is_alive()
+

@@ -7,7 +7,8 @@ from tritonfront.detokenization import DETOKENIZER_WINDOW
 from tritonfront.engines import create_engine
 from tritonfront.generation import GenerationLoop
 from tritonfront.generation_request import GenerationRequest
-from tritonfront.load import Load, LoadMetrics
+from tritonfront.load import Load, LoadMetrics, ModelLoadPublisher
+from tritonfront.server_metrics import PendingRequests
 
 
 class TritonPythonModel:
@@ -26,6 +27,12 @@ class TritonPythonModel:
                                              timeout_s=config.abandoned_stream_timeout_ms / 1000)
         self.metrics = triton_glue.Metrics({"model": args["model_name"], "rank": str(rank)})
         self.load_metrics = LoadMetrics(self.metrics)
+        # The model's totals (no rank label) come from one rank, out of the shared table.
+        self.model_load = None
+        if rank == 0:
+            self.model_metrics = triton_glue.Metrics({"model": args["model_name"]})
+            self.model_load = ModelLoadPublisher(self.table.live_loads, PendingRequests(args["model_name"], os.getppid()),
+                                                 self.model_metrics).start()
         self.loop = self.create_loop(engine=self.engine, responder=triton_glue.StreamResponder(),
                                      stream_interval=config.stream_interval, context_window=DETOKENIZER_WINDOW,
                                      on_load=self.publish, delivery=delivery)
@@ -58,5 +65,7 @@ class TritonPythonModel:
         self.load_metrics.update(load)
 
     def finalize(self):
+        if self.model_load is not None:
+            self.model_load.stop()
         self.loop.stop()
         self.table.close()

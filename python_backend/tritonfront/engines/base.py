@@ -107,6 +107,11 @@ class Engine(ABC):
         from another thread than the engine's: for metrics and leak checks, not for scheduling."""
         return 0
 
+    def kv_cache_capacity_blocks(self) -> int:
+        """Blocks in the whole KV cache, in the unit of kv_cache_blocks (0 where the engine does
+        not tell): with it, the cache's utilization."""
+        return 0
+
     @abstractmethod
     def shutdown(self) -> None:
         """Stops the engine; unfinished requests get no further outputs."""

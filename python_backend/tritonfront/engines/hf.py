@@ -290,5 +290,8 @@ class HFEngine(Engine):
                 continue
         return 0
 
+    def kv_cache_capacity_blocks(self) -> int:
+        return sum(allocator.num_blocks for allocator in self._manager.batch_processor.cache.cache_allocators.values())
+
     def shutdown(self) -> None:
         self._manager.stop(block=True, timeout=30)
