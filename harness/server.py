@@ -1,13 +1,16 @@
 """A real tritonserver for tests and benchmarks, started through scripts/serve.sh on free loopback
 ports, in its own process group so that stopping it stops every Python stub it started.
 
-`models` switches to explicit model control and loads only the models named (a benchmark then
-pays nothing for models added to the repositories). The Python backend can abort while loading
-on an overloaded machine (boost::interprocess::lock_exception, seen once): that abort, and only
-that one, gets a second start."""
+`models` loads only the models named (a benchmark then pays nothing for models added to the
+repositories). serve.sh runs tritonfront.watchdog beside the server unless `watchdog` is False
+(a test that drives its own watchdog); the repository API opens only with the server's
+`repository_key`, which the harness chooses. The Python backend can abort while loading on an
+overloaded machine (boost::interprocess::lock_exception, seen once): that abort, and only that
+one, gets a second start."""
 import contextlib
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -43,6 +46,7 @@ class Server:
     metrics_port: int
     process: subprocess.Popen
     log_path: Path
+    repository_key: str = ""  # the value of the header that opens the repository API (serve.sh)
 
     @property
     def pid(self) -> int:
@@ -92,10 +96,12 @@ def repositories_variable(repositories: Iterable[Path]) -> str:
 @contextlib.contextmanager
 def triton_server(log_path: Path, repositories: Optional[Iterable[Path]] = None, env: Optional[dict] = None,
                   timeout: float = 300, extra_args: tuple = (), models: Optional[Iterable[str]] = None,
-                  attempts: int = 2):
+                  attempts: int = 2, watchdog: bool = True):
     """Yields a ready Server; `repositories` default to serve.sh's (the committed ones)."""
     if models is not None:
         extra_args = ("--model-control-mode=explicit", *(f"--load-model={m}" for m in models), *extra_args)
+    env = {"TRITONFRONT_REPOSITORY_KEY": secrets.token_hex(16), "TRITONFRONT_WATCHDOG": "1" if watchdog else "0",
+           **(env or {})}
     for attempt in range(1, attempts + 1):
         try:
             server = _start(log_path, repositories, env, timeout, extra_args)
@@ -125,7 +131,7 @@ def _start(log_path: Path, repositories, env, timeout: float, extra_args: tuple)
     with open(log_path, "w") as log:
         process = subprocess.Popen([str(ROOT / "scripts" / "serve.sh"), *extra_args], stdout=log,
                                    stderr=subprocess.STDOUT, env=environment, start_new_session=True)
-    server = Server(http, grpc, metrics, process, Path(log_path))
+    server = Server(http, grpc, metrics, process, Path(log_path), environment["TRITONFRONT_REPOSITORY_KEY"])
     try:
         deadline = time.monotonic() + timeout
         while not server.is_ready():

@@ -115,8 +115,10 @@ def main() -> None:
                         + ("" if args.dp == 1 else f", llm with {args.dp} DP ranks"), args.publish)
     rows: dict[str, list] = {}
     log: list[str] = []
-    with benchmark_server(name, models, repositories) as server:
-        watchdog = StubWatchdog(server.process.pid, server.http_url, log=lambda line: (log.append(line), print(line)))
+    # The benchmark drives its own watchdog (to time its reloads and alternate how it reloads).
+    with benchmark_server(name, models, repositories, watchdog=False) as server:
+        watchdog = StubWatchdog(server.process.pid, server.http_url, log=lambda line: (log.append(line), print(line)),
+                                key=server.repository_key)
         watchdog.start()
         try:
             for model, via in targets:

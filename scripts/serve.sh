@@ -8,7 +8,13 @@
 #   TRITONFRONT_REPOSITORIES               model repositories separated by ':' as in PATH (default:
 #                                          model_repository:ensembles of this checkout), e.g. what
 #                                          scripts/configure.py prints; a path may hold spaces, not ':'
-# Extra arguments are passed to tritonserver.
+#   TRITONFRONT_WATCHDOG                   1 (default): every model loaded under explicit model control,
+#                                          and tritonfront.watchdog beside the server reloads a model whose
+#                                          Python stub died; 0: neither (Triton's default model control)
+#   TRITONFRONT_REPOSITORY_KEY             the key that opens the repository API (default: a new random
+#                                          key each start, known only to this script and the watchdog)
+# Extra arguments are passed to tritonserver; --model-control-mode or --load-model among them replace
+# the watchdog's explicit control of every model (the watchdog needs explicit mode to reload).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 if [ ! -x "${TRITONSERVER:-}" ]; then
@@ -55,6 +61,57 @@ server+=(
   --grpc-address="$BIND_ADDRESS" --grpc-port="${GRPC_PORT:-8001}"
   --metrics-address="$BIND_ADDRESS" --metrics-port="${METRICS_PORT:-8002}"
   --allow-cpu-metrics=true --disable-auto-complete-config
-  "$@"
 )
+
+# The repository API (load, unload, index) and shared-memory registration are closed to clients:
+# Triton answers them only to a request carrying this header with this start's key (over gRPC the
+# header is triton-grpc-protocol-<name>). The watchdog's reloads carry it.
+KEY_HEADER=tritonfront-repository-key  # = tritonfront.watchdog.KEY_HEADER
+REPOSITORY_KEY="${TRITONFRONT_REPOSITORY_KEY:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
+if [[ ! "$REPOSITORY_KEY" =~ ^[A-Za-z0-9._~-]+$ ]]; then
+  echo "TRITONFRONT_REPOSITORY_KEY may hold only letters, digits and . _ ~ - (Triton parses ':' and '=' in it)" >&2
+  exit 1
+fi
+server+=(
+  --http-restricted-api="model-repository,shared-memory:$KEY_HEADER=$REPOSITORY_KEY"
+  --grpc-restricted-protocol="model-repository,shared-memory:$KEY_HEADER=$REPOSITORY_KEY"
+)
+
+# Triton 2.51 never restarts a Python stub that died (OOM killer, a crash in native code): the
+# watchdog reloads its model through the repository API, which needs explicit model control.
+watchdog="${TRITONFRONT_WATCHDOG:-1}"
+if [ "$watchdog" != 1 ] && [ "$watchdog" != 0 ]; then
+  echo "TRITONFRONT_WATCHDOG='$watchdog': it must be 1 (the stub watchdog runs) or 0" >&2
+  exit 1
+fi
+mode=explicit previous=""
+for arg in "$@"; do
+  case "$arg" in
+    --model-control-mode=*) mode="${arg#*=}" ;;
+    *) if [ "$previous" = --model-control-mode ]; then mode="$arg"; fi ;;
+  esac
+  previous="$arg"
+done
+if [ "$watchdog" = 1 ]; then
+  if [ "$mode" != explicit ]; then
+    echo "serve.sh: --model-control-mode=$mode: the stub watchdog needs explicit model control; it is off" >&2
+    watchdog=0
+  else
+    if [[ " $* " != *" --model-control-mode"* ]]; then server+=(--model-control-mode=explicit); fi
+    if [[ " $* " != *" --load-model"* ]]; then server+=("--load-model=*"); fi
+  fi
+fi
+server+=("$@")
+
+# Started before the exec, the watchdog is watching this process, which becomes tritonserver; it
+# ends once the server is gone.
+start_watchdog() {  # server pid
+  local host="$BIND_ADDRESS"
+  case "$host" in 0.0.0.0) host=127.0.0.1 ;; ::) host="[::1]" ;; *:*) host="[$host]" ;; esac
+  TRITONFRONT_REPOSITORY_KEY="$REPOSITORY_KEY" "$VENV/bin/python" -m tritonfront.watchdog \
+    --server-pid "$1" --url "$host:${HTTP_PORT:-8000}" &
+}
+if [ "$watchdog" = 1 ]; then
+  start_watchdog $$
+fi
 exec "${server[@]}"

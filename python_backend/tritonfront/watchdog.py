@@ -11,17 +11,22 @@ loads it ("unload_load": the model and the ensembles that use it are missing mea
 Triton loads the ensembles that use the model again by itself. Both need tritonserver in
 explicit model control: --model-control-mode=explicit --load-model=*.
 
+The repository API stays closed to clients: scripts/serve.sh restricts it (Triton's
+--http-restricted-api) to requests that carry the header KEY_HEADER with a key it makes for each
+start and hands to the watchdog in the environment variable KEY_VARIABLE.
+
 A stub is a child `triton_python_backend_stub` of tritonserver whose arguments name the model
 file (<repository>/<model>/<version>/model.py) and the instance (llm_0_1). A stub is dead when
 its process is gone or a zombie and no other stub of the same instance replaced it (a reload
 starts the new instance before it stops the old one); its model is reloaded only while the
 repository index says READY, so an operator's unload is left alone.
 
-    python -m tritonfront.watchdog --server-pid PID --url 127.0.0.1:8000
+    TRITONFRONT_REPOSITORY_KEY=... python -m tritonfront.watchdog --server-pid PID --url 127.0.0.1:8000
 """
 import argparse
 import contextlib
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -35,6 +40,7 @@ import psutil
 from .model_config import RELOAD_PARAMETER
 
 STUB = "triton_python_backend_stub"
+KEY_HEADER, KEY_VARIABLE = "tritonfront-repository-key", "TRITONFRONT_REPOSITORY_KEY"
 MODEL_FILE_ARG, INSTANCE_ARG = 1, 8  # positions in the stub's command line (python_backend r24.10)
 
 
@@ -64,14 +70,25 @@ def live_stubs(server_pid: int) -> dict[int, tuple[str, str]]:
     return out
 
 
-class Repository:
-    """Triton's repository API over HTTP."""
+def running(pid: int) -> bool:
+    """Whether the process runs: an exited server whose parent has not reaped it yet is a zombie
+    (a parent that reads the server's output to its end before waiting for it would otherwise
+    wait for the watchdog, which holds that output open, forever)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
-    def __init__(self, url: str, timeout: float = 600):
+
+class Repository:
+    """Triton's repository API over HTTP; `key`: the value of KEY_HEADER where the API is restricted."""
+
+    def __init__(self, url: str, timeout: float = 600, key: Optional[str] = None):
         self.url, self.timeout = url, timeout
+        self.headers = {KEY_HEADER: key} if key else {}
 
     def _post(self, path: str, body: bytes = b"") -> bytes:
-        request = urllib.request.Request(f"http://{self.url}{path}", data=body, method="POST")
+        request = urllib.request.Request(f"http://{self.url}{path}", data=body, method="POST", headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return response.read()
@@ -118,11 +135,12 @@ class StubWatchdog:
     # An idle llm rank's loop uses ~0.01 of a core, a generating one a whole core.
     idle_cores: float = 0.05
     log: Callable[[str], None] = print
+    key: Optional[str] = None  # the repository API's key (Repository)
     restores: list[Restore] = field(default_factory=list)
     reaped: list[tuple[str, int]] = field(default_factory=list)  # (model, pid)
 
     def __post_init__(self):
-        self.repository = Repository(self.url)
+        self.repository = Repository(self.url, key=self.key)
         self._known: dict[int, tuple[str, str]] = {}
         self._leftovers: dict[int, _Leftover] = {}
         self._stop = threading.Event()
@@ -198,7 +216,7 @@ class StubWatchdog:
             self.log(f"stub_watchdog: killed idle stub {pid} of an old {leftover.model} version")
 
     def run(self) -> None:
-        while not self._stop.is_set() and psutil.pid_exists(self.server_pid):
+        while not self._stop.is_set() and running(self.server_pid):
             try:
                 self.check()
             except (RuntimeError, OSError) as error:  # server busy or starting: look again
@@ -226,7 +244,8 @@ def main() -> None:
                         help="in-place reload (the model keeps answering from its other instances) or unload + load")
     args = parser.parse_args()
     # Started next to the server (before it has stubs), it learns each stub on its first look.
-    StubWatchdog(args.server_pid, args.url, args.poll, how=args.how, log=lambda line: print(line, flush=True)).run()
+    StubWatchdog(args.server_pid, args.url, args.poll, how=args.how, log=lambda line: print(line, flush=True),
+                 key=os.environ.get(KEY_VARIABLE)).run()
 
 
 if __name__ == "__main__":

@@ -28,10 +28,11 @@ class HungRequests(AssertionError):
 def watched_server(tmp_path_factory):
     log = []
     # A short exit timeout: the versions the kills leave behind never unload, shutdown waits for them.
+    # This test drives its own watchdog (to read what it did), so serve.sh starts none.
     with triton_server(tmp_path_factory.mktemp("faults") / "server.log",
-                       extra_args=(*EXPLICIT, "--exit-timeout-secs=5")) as server:
+                       extra_args=(*EXPLICIT, "--exit-timeout-secs=5"), watchdog=False) as server:
         watchdog = StubWatchdog(server.process.pid, server.http_url, reap_after_s=5.0, idle_s=2.0,
-                                log=log.append).start()
+                                log=log.append, key=server.repository_key).start()
         try:
             yield server, watchdog
         finally:

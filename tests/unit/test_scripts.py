@@ -47,7 +47,7 @@ def project_env(**overrides: str) -> dict:
     """This test's venv as the project's venv, whatever checkout and shell run the test."""
     env = dict(os.environ, TRITONFRONT_VENV=sys.prefix)
     for key in ("TRITONFRONT_REPOSITORIES", "TRITONFRONT_TRITON_HOME", "BIND_ADDRESS", "HTTP_PORT",
-                "GRPC_PORT", "METRICS_PORT"):
+                "GRPC_PORT", "METRICS_PORT", "TRITONFRONT_WATCHDOG", "TRITONFRONT_REPOSITORY_KEY"):
         env.pop(key, None)
     env.update(overrides)
     return env
@@ -60,7 +60,11 @@ def fake_triton(tmp_path):
     (home / "bin").mkdir(parents=True)
     (home / "backends" / "python").mkdir(parents=True)
     server = home / "bin" / "tritonserver"
-    server.write_text('#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$FAKE_TRITONSERVER_ARGS"\n')
+    # With FAKE_TRITONSERVER_CHILDREN it also records its child processes' command lines (the
+    # watchdog serve.sh starts is one) once a second has passed.
+    server.write_text('#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$FAKE_TRITONSERVER_ARGS"\n'
+                      'if [ -n "${FAKE_TRITONSERVER_CHILDREN:-}" ]; then\n'
+                      '  sleep 1; ps -o args= --ppid $$ > "$FAKE_TRITONSERVER_CHILDREN"\nfi\n')
     server.chmod(0o755)
     return home
 
@@ -116,14 +120,71 @@ def test_every_script_parses():
 
 def test_serve_defaults_to_loopback_and_the_committed_repositories(fake_triton, tmp_path):
     root = os.path.realpath(ROOT)
-    assert serve(fake_triton, tmp_path) == [
+    assert serve(fake_triton, tmp_path, TRITONFRONT_REPOSITORY_KEY="k3y") == [
         f"--model-repository={root}/model_repository", f"--model-repository={root}/ensembles",
         f"--backend-directory={os.path.realpath(fake_triton)}/backends",
         "--http-address=127.0.0.1", "--http-port=8000",
         "--grpc-address=127.0.0.1", "--grpc-port=8001",
         "--metrics-address=127.0.0.1", "--metrics-port=8002",
         "--allow-cpu-metrics=true", "--disable-auto-complete-config",
+        "--http-restricted-api=model-repository,shared-memory:tritonfront-repository-key=k3y",
+        "--grpc-restricted-protocol=model-repository,shared-memory:tritonfront-repository-key=k3y",
+        "--model-control-mode=explicit", "--load-model=*",
     ]
+
+
+def restricted_keys(args: list[str]) -> set[str]:
+    return {arg.rsplit("=", 1)[1] for arg in args if "restricted" in arg}
+
+
+def test_serve_closes_the_repository_api_with_a_new_key_each_start(fake_triton, tmp_path):
+    first, second = restricted_keys(serve(fake_triton, tmp_path)), restricted_keys(serve(fake_triton, tmp_path))
+    assert len(first) == len(second) == 1 and first != second
+    assert re.fullmatch(r"[0-9a-f]{32}", first.pop())
+
+
+def test_serve_refuses_a_key_triton_would_misparse(fake_triton, tmp_path):
+    result = subprocess.run(["bash", str(SCRIPTS / "serve.sh")], capture_output=True, text=True, timeout=60,
+                            env=project_env(TRITONFRONT_TRITON_HOME=str(fake_triton), TRITONFRONT_REPOSITORY_KEY="a:b=c"))
+    assert result.returncode == 1 and "TRITONFRONT_REPOSITORY_KEY may hold only" in result.stderr
+
+
+def test_serve_starts_the_stub_watchdog_on_the_server_with_the_key(fake_triton, tmp_path):
+    children = tmp_path / "children"
+    args = serve(fake_triton, tmp_path, BIND_ADDRESS="0.0.0.0", HTTP_PORT="9100",
+                 FAKE_TRITONSERVER_CHILDREN=str(children))
+    watchdogs = [line.split() for line in children.read_text().splitlines() if "tritonfront.watchdog" in line]
+    assert len(watchdogs) == 1, children.read_text()
+    command = watchdogs[0]
+    # The watchdog watches serve.sh's own pid, which exec made tritonserver's, on loopback.
+    assert command[command.index("--url") + 1] == "127.0.0.1:9100"
+    assert int(command[command.index("--server-pid") + 1]) > 0
+    assert "--model-control-mode=explicit" in args and "--load-model=*" in args
+
+
+def test_serve_without_the_watchdog_keeps_tritons_model_control(fake_triton, tmp_path):
+    children = tmp_path / "children"
+    args = serve(fake_triton, tmp_path, TRITONFRONT_WATCHDOG="0", FAKE_TRITONSERVER_CHILDREN=str(children))
+    assert "tritonfront.watchdog" not in children.read_text()
+    assert not [arg for arg in args if arg.startswith(("--model-control-mode", "--load-model"))]
+    assert len(restricted_keys(args)) == 1  # the repository API stays closed all the same
+
+
+def test_serve_keeps_the_model_control_a_caller_asks_for(fake_triton, tmp_path):
+    args = serve(fake_triton, tmp_path, "--load-model=tokenizer")
+    assert [arg for arg in args if arg.startswith(("--model-control-mode", "--load-model"))] == [
+        "--model-control-mode=explicit", "--load-model=tokenizer"]
+    result = subprocess.run(["bash", str(SCRIPTS / "serve.sh"), "--model-control-mode", "poll"], capture_output=True,
+                            text=True, timeout=60, env=project_env(TRITONFRONT_TRITON_HOME=str(fake_triton),
+                                                                   FAKE_TRITONSERVER_ARGS=str(tmp_path / "args")))
+    assert result.returncode == 0 and "the stub watchdog needs explicit model control; it is off" in result.stderr
+
+
+def test_serve_and_the_watchdog_name_the_same_key_header():
+    from tritonfront.watchdog import KEY_HEADER, KEY_VARIABLE
+
+    serve_sh = (SCRIPTS / "serve.sh").read_text()
+    assert f"KEY_HEADER={KEY_HEADER} " in serve_sh and KEY_VARIABLE in serve_sh
 
 
 def test_serve_reads_repositories_as_a_colon_list_with_spaces_in_paths(fake_triton, tmp_path):
