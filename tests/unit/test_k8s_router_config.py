@@ -1,0 +1,97 @@
+"""The endpoint picker's configuration (deploy/kubernetes/base/endpoint-picker-config.yaml) against
+llm-d-router's documented fields (k8s_schemas), and against what tritonfront exports: the metric
+specs name tritonfront's model gauges of the served llm, parse as the picker parses them, and read
+the right values out of a metrics text; its references resolve; the replicas' engine label and
+metrics port are the ones it expects."""
+import copy
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+import k8s_schemas
+from harness.picker import ReplicaView, engine_mapping, parse_spec, pick, picker_config, plugin_parameters, read, view
+from tritonfront.load import MODEL_GAUGES
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOYMENT = ROOT / "deploy" / "kubernetes" / "base" / "deployment.yaml"
+
+
+def validate(config: dict) -> None:
+    jsonschema.validate(config, k8s_schemas.ENDPOINT_PICKER_CONFIG)
+    names = [plugin.get("name", plugin["type"]) for plugin in config["plugins"]]
+    assert len(names) == len(set(names)), names
+    for plugin in config["plugins"]:
+        assert plugin["type"] in k8s_schemas.PLUGIN_PARAMETERS, f"unknown plugin type {plugin['type']}"
+        jsonschema.validate(plugin.get("parameters", {}), k8s_schemas.PLUGIN_PARAMETERS[plugin["type"]])
+    references = [entry["pluginRef"] for profile in config["schedulingProfiles"] for entry in profile["plugins"]]
+    references += [source["pluginRef"] for source in config.get("dataLayer", {}).get("sources", [])]
+    references += [extractor["pluginRef"] for source in config.get("dataLayer", {}).get("sources", [])
+                   for extractor in source["extractors"]]
+    references += [parser["pluginRef"] for parser in config.get("requestHandler", {}).get("parsers", [])]
+    assert set(references) <= set(names), set(references) - set(names)
+    for spec in engine_mapping(config).values():
+        parse_spec(spec)
+
+
+def test_the_config_has_only_documented_fields_and_known_plugins():
+    validate(picker_config())
+
+
+@pytest.mark.parametrize("break_it", [
+    lambda c: c.update(schedulingProfile=c.pop("schedulingProfiles")),
+    lambda c: c["plugins"][1]["parameters"].update(prot=8002),
+    lambda c: c["plugins"].append({"type": "queue-scorrer"}),
+    lambda c: c["schedulingProfiles"][0]["plugins"].append({"pluginRef": "missing"}),
+    lambda c: c["plugins"][2]["parameters"]["engineConfigs"][0].update(queuedRequestSpec="x"),
+    lambda c: c["plugins"][2]["parameters"]["engineConfigs"][0].update(kvUsageSpec="not a spec{"),
+])
+def test_a_broken_config_fails(break_it):
+    config = copy.deepcopy(picker_config())
+    break_it(config)
+    with pytest.raises((jsonschema.ValidationError, AssertionError, ValueError)):
+        validate(config)
+
+
+def test_the_engine_mapping_reads_tritonfronts_model_gauges_of_the_served_llm():
+    mapping = engine_mapping(picker_config())
+    served = yaml.safe_load("\n".join(line for line in (ROOT / "model_repository" / "llm" / "config.pbtxt")
+                                      .read_text().splitlines() if line.startswith("name:")))["name"]
+    assert {key: parse_spec(spec) for key, spec in mapping.items()} == {
+        "waiting": (MODEL_GAUGES["waiting_requests"].name, {"model": served}),
+        "running": (MODEL_GAUGES["running_requests"].name, {"model": served}),
+        "kv_cache": (MODEL_GAUGES["kv_cache_utilization"].name, {"model": served}),
+    }
+
+
+def test_the_replicas_carry_the_engine_label_and_serve_metrics_where_the_picker_scrapes():
+    config = picker_config()
+    extractor = plugin_parameters(config, "core-metrics-extractor")
+    deployment = yaml.safe_load(DEPLOYMENT.read_text())
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels[extractor.get("engineLabelKey", "llm-d.ai/engine-type")] == extractor["defaultEngine"]
+    ports = {p["name"]: p["containerPort"] for c in deployment["spec"]["template"]["spec"]["containers"]
+             for p in c["ports"]}
+    source = plugin_parameters(config, "metrics-data-source")
+    assert source["port"] == ports["metrics"] and source["path"] == "/metrics"
+
+
+METRICS = """# TYPE tritonfront_num_requests_waiting gauge
+tritonfront_num_requests_waiting{model="llm_small"} 40
+tritonfront_num_requests_waiting{model="llm"} 7
+tritonfront_num_requests_running{model="llm"} 3
+tritonfront_kv_cache_utilization{model="llm"} 0.25
+tritonfront_llm_waiting_requests{model="llm",rank="0"} 1
+"""
+
+
+def test_what_the_picker_reads_and_whom_it_prefers():
+    mapping = engine_mapping(picker_config())
+    assert read(METRICS, mapping["waiting"]) == 7  # the served model's series, not another model's
+    assert view(METRICS, mapping) == ReplicaView(waiting=7, running=3, kv_cache=0.25)
+    with pytest.raises(LookupError):
+        view("tritonfront_num_requests_waiting{model=\"llm\"} 1\n", mapping)
+    busy, idle = ReplicaView(6, 4, 0.5), ReplicaView(0, 3, 0.1)
+    assert pick({"a": busy, "b": idle}, picker_config()) == "b"
+    assert pick({"a": idle, "b": busy}, picker_config()) == "a"
