@@ -3,7 +3,9 @@
     served       answered (whether the answer is right is `correct`, checked by the caller)
     rejected     turned away at the door because a queue was full: UNAVAILABLE
                  "Exceeds maximum queue size" (HTTP 503); the overload policy working
-    timed out    accepted, then dropped by the queue policy's timeout: "Request timeout expired"
+    timed out    could not start within its deadline (the queue policy's timeout, or the shorter
+                 `timeout` the request carried): UNAVAILABLE "Request timeout expired" (HTTP 503),
+                 a rejection at the deadline; it never reached the model
     invalid      refused as bad input: INVALID_ARG (HTTP 400)
     cancelled    cancelled by this client
     no answer    the client's deadline passed first: DEADLINE_EXCEEDED, or no final response

@@ -63,26 +63,30 @@ class LoadResult:
 
 
 async def infer_once(client, model: str, inputs: list, scheduled: float, outputs=None, timeout=None,
-                     read: Optional[Callable] = None) -> Outcome:
-    """One request; a served outcome holds read(result) (the result itself without `read`)."""
+                     read: Optional[Callable] = None, deadline_us: Optional[int] = None) -> Outcome:
+    """One request; a served outcome holds read(result) (the result itself without `read`).
+    `timeout`: the client's own limit (s); `deadline_us`: the request's Triton `timeout`, how long
+    it may wait in each model's queue before the server rejects it (the queue policy's timeout
+    when shorter)."""
     outcome = Outcome(scheduled)
     try:
-        result = await client.infer(model, inputs, outputs=outputs, client_timeout=timeout)
+        result = await client.infer(model, inputs, outputs=outputs, client_timeout=timeout, timeout=deadline_us)
     except InferenceServerException as error:
         return outcome.fail(time.perf_counter(), error)
     return outcome.end(time.perf_counter(), SERVED, result=read(result) if read else result)
 
 
-async def embed_once(client, inputs: list, scheduled: float) -> Outcome:
+async def embed_once(client, inputs: list, scheduled: float, deadline_us: Optional[int] = None) -> Outcome:
     return await infer_once(client, "embed", inputs, scheduled, outputs=[grpcaio.InferRequestedOutput("embedding")],
-                            read=lambda result: result.as_numpy("embedding"))
+                            read=lambda result: result.as_numpy("embedding"), deadline_us=deadline_us)
 
 
-async def generate_once(client, inputs: list, scheduled: float, model: str = "generate") -> Outcome:
+async def generate_once(client, inputs: list, scheduled: float, model: str = "generate",
+                        deadline_us: Optional[int] = None) -> Outcome:
     """One request on a gRPC stream of its own (a stream's errors carry no request id); a served
-    outcome holds the text."""
+    outcome holds the text (a streamed one's chunks joined). `deadline_us` as in infer_once."""
     async def one_request():
-        yield {"model_name": model, "inputs": inputs}
+        yield {"model_name": model, "inputs": inputs, "timeout": deadline_us}
 
     outcome, text = Outcome(scheduled), []
     try:
