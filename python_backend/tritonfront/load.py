@@ -101,8 +101,7 @@ MODEL_GAUGES = {
 class LoadMetrics:
     """Turns each new load into the metric calls it needs: a gauge is set only when its value
     changed, the counter grows by the cancellations since the last load. `metric` makes the
-    metric of a spec (an object with set() or increment()); the loop thread and Triton's execute
-    thread both publish loads, hence the lock."""
+    metric of a spec (an object with set() or increment())."""
 
     def __init__(self, metric: Callable[[MetricSpec], Any]):
         self.gauges = {field: metric(spec) for field, spec in LOAD_GAUGES.items()}
@@ -120,39 +119,56 @@ class LoadMetrics:
             self._last = load
 
 
-class ModelLoadPublisher:
-    """Sets the model's gauges every `interval_s` from the live ranks' loads (`ranks`) and
-    Triton's queue of the model (`queued`: None when it cannot be read, then counted as 0).
-    One rank of a model runs it: the gauges have no rank label."""
+class ModelLoadMetrics:
+    """Sets the model's gauges from the live ranks' loads (`ranks`) and Triton's queue of the
+    model (`queued`: None when it cannot be read, then counted as 0), changed values only. One
+    rank of a model does it: the gauges have no rank label."""
 
     def __init__(self, ranks: Callable[[], Sequence[Load]], queued: Callable[[], Optional[int]],
-                 metric: Callable[[MetricSpec], Any], interval_s: float = 0.25):
-        self.ranks, self.queued, self.interval_s = ranks, queued, interval_s
+                 metric: Callable[[MetricSpec], Any]):
+        self.ranks, self.queued = ranks, queued
         self.gauges = {field: metric(spec) for field, spec in MODEL_GAUGES.items()}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tritonfront-model-load", daemon=True)
+        self._last: Optional[ModelLoad] = None
         self._queue_unknown = False
 
-    def publish(self) -> ModelLoad:
+    def update(self) -> ModelLoad:
         queued = self.queued()
         if queued is None and not self._queue_unknown:
-            logger.warning("Triton's queue of the model cannot be read from its metrics endpoint: "
-                           f"{MODEL_GAUGES['waiting_requests'].name} counts only what the ranks hold")
+            logger.warning("Triton's queue of the model cannot be read from its metrics endpoint: %s counts only "
+                           "what the ranks hold", MODEL_GAUGES["waiting_requests"].name)
         self._queue_unknown = queued is None
         load = ModelLoad.of(self.ranks(), queued or 0)
         for field, gauge in self.gauges.items():
-            gauge.set(getattr(load, field))
+            if self._last is None or getattr(load, field) != getattr(self._last, field):
+                gauge.set(getattr(load, field))
+        self._last = load
         return load
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.publish()
-            except Exception:  # a metrics hiccup must not end the thread
-                logger.exception("publishing the model's load failed")
-            self._stop.wait(self.interval_s)
 
-    def start(self) -> "ModelLoadPublisher":
+class GaugeThread:
+    """Calls each of `updates` every `interval_s` from a thread of its own. A gauge's set() in a
+    Triton Python stub is a round trip to tritonserver that holds the stub's GIL throughout
+    (python_backend r24.10, Metric::SendSetValueRequest), stalling every thread of the stub: the
+    threads that serve requests only record the latest load, and this thread sets the gauges."""
+
+    def __init__(self, updates: Sequence[Callable[[], Any]], interval_s: float = 0.25):
+        self.updates, self.interval_s = list(updates), interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tritonfront-gauges", daemon=True)
+
+    def update(self) -> None:
+        for update in self.updates:
+            try:
+                update()
+            except Exception:  # a metrics hiccup must not end the thread
+                logger.exception("updating gauges failed")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.update()
+
+    def start(self) -> "GaugeThread":
+        self.update()
         self._thread.start()
         return self
 

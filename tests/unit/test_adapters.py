@@ -405,11 +405,16 @@ def test_llm_cancellation_ends_the_request_and_is_counted(pb_utils, llm):
     sent = finished(request)
     assert sent[-1][0].outputs()["finish_reason"].tolist() == [[b"cancelled"]] and len(sent) < 50
     assert len(engine.cancelled) == 1 and not engine.live
+    model.gauges.update()  # the gauge thread's turn, now rather than within 0.25 s
     mine = {spec: [m for m in pb_utils.MetricFamily.made[spec] if m.labels["model"] == name]
-            for spec in ("tritonfront_llm_cancelled_requests_total", "tritonfront_llm_active_sequences")}
+            for spec in ("tritonfront_llm_cancelled_requests_total", "tritonfront_llm_active_sequences",
+                         "tritonfront_num_requests_running")}
     assert [m.labels for m in mine["tritonfront_llm_active_sequences"]] == [{"model": name, "rank": "0"}]
     assert mine["tritonfront_llm_cancelled_requests_total"][0].value == 1
     assert mine["tritonfront_llm_active_sequences"][0].value == 0
+    # Rank 0 also sets the model's totals, labelled by model only.
+    assert [m.labels for m in mine["tritonfront_num_requests_running"]] == [{"model": name}]
+    assert mine["tritonfront_num_requests_running"][0].value == 0
 
 
 @pytest.mark.parametrize("llm", [{"step_s": 0.005}], indirect=True)

@@ -3,8 +3,8 @@ what the model's gauges a router reads add up to."""
 import re
 import threading
 
-from tritonfront.load import (CANCELLED_REQUESTS, LOAD_GAUGES, MODEL_GAUGES, Load, LoadMetrics, ModelLoad,
-                              ModelLoadPublisher)
+from tritonfront.load import (CANCELLED_REQUESTS, LOAD_GAUGES, MODEL_GAUGES, GaugeThread, Load, LoadMetrics,
+                              ModelLoad, ModelLoadMetrics)
 
 
 class Recorded:
@@ -68,31 +68,37 @@ def test_metric_names_are_prometheus_names_of_tritonfront():
     assert len({spec.name for spec in specs}) == len(specs)
 
 
-def test_the_publisher_sets_the_model_gauges_and_survives_an_unreadable_queue():
+def test_the_model_gauges_follow_the_ranks_and_the_queue_and_survive_an_unreadable_queue():
     calls = []
-    queue = iter([3, None])
-    publisher = ModelLoadPublisher(lambda: [Load(waiting_requests=1, active_sequences=2, kv_cache_blocks=1,
-                                                 kv_cache_capacity_blocks=4)],
-                                   lambda: next(queue), lambda spec: Recorded(spec, calls))
-    assert publisher.publish() == ModelLoad(4, 1, 0.25)
+    queue = iter([3, 3, None])
+    model = ModelLoadMetrics(lambda: [Load(waiting_requests=1, active_sequences=2, kv_cache_blocks=1,
+                                           kv_cache_capacity_blocks=4)],
+                             lambda: next(queue), lambda spec: Recorded(spec, calls))
+    assert model.update() == ModelLoad(4, 1, 0.25)
     assert calls == [("tritonfront_num_requests_waiting", "set", 4), ("tritonfront_num_requests_running", "set", 1),
                      ("tritonfront_kv_cache_utilization", "set", 0.25)]
-    assert publisher.publish().waiting_requests == 1  # the queue unknown: what the ranks hold
+    calls.clear()
+    model.update()
+    assert calls == []  # nothing changed
+    assert model.update().waiting_requests == 1  # the queue unknown: what the ranks hold
+    assert calls == [("tritonfront_num_requests_waiting", "set", 1)]
 
 
-def test_the_publisher_thread_keeps_publishing_until_stopped():
-    published = threading.Event()
-    calls = []
+def test_the_gauge_thread_updates_at_start_and_then_until_stopped():
+    updated = threading.Event()
+    count = []
 
-    class Signal(Recorded):
-        def set(self, value):
-            super().set(value)
-            published.set()
+    def update():
+        count.append(1)
+        if len(count) > 2:
+            updated.set()
+        if len(count) == 2:
+            raise RuntimeError("a metrics hiccup")  # logged; the thread goes on
 
-    publisher = ModelLoadPublisher(lambda: [], lambda: 0, lambda spec: Signal(spec, calls), interval_s=0.01).start()
+    gauges = GaugeThread([update], interval_s=0.01).start()
+    assert count  # once at start, before any interval passed
     try:
-        assert published.wait(5)
+        assert updated.wait(5)
     finally:
-        publisher.stop()
-    assert not publisher._thread.is_alive()
-
+        gauges.stop()
+    assert not gauges._thread.is_alive()

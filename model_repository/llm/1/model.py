@@ -7,7 +7,7 @@ from tritonfront.detokenization import DETOKENIZER_WINDOW
 from tritonfront.engines import create_engine
 from tritonfront.generation import GenerationLoop
 from tritonfront.generation_request import GenerationRequest
-from tritonfront.load import Load, LoadMetrics, ModelLoadPublisher
+from tritonfront.load import GaugeThread, Load, LoadMetrics, ModelLoadMetrics
 from tritonfront.server_metrics import PendingRequests
 
 
@@ -25,18 +25,22 @@ class TritonPythonModel:
             self.gate = balancing.BalancingGate(self.table, config.balancing_timeout_ms / 1000)
         delivery = DeliveryTracker.for_model(args["model_name"], rank, ranks, server_pid=os.getppid(),
                                              timeout_s=config.abandoned_stream_timeout_ms / 1000)
+        # Gauges follow the latest load from a thread of their own (GaugeThread says why); the
+        # model's totals (no rank label) come from rank 0, out of the shared table.
+        self.latest_load = Load()
         self.metrics = triton_glue.Metrics({"model": args["model_name"], "rank": str(rank)})
-        self.load_metrics = LoadMetrics(self.metrics)
-        # The model's totals (no rank label) come from one rank, out of the shared table.
-        self.model_load = None
+        load_metrics = LoadMetrics(self.metrics)
+        updates = [lambda: load_metrics.update(self.latest_load)]
         if rank == 0:
             self.model_metrics = triton_glue.Metrics({"model": args["model_name"]})
-            self.model_load = ModelLoadPublisher(self.table.live_loads, PendingRequests(args["model_name"], os.getppid()),
-                                                 self.model_metrics).start()
+            updates.append(ModelLoadMetrics(self.table.live_loads, PendingRequests(args["model_name"], os.getppid()),
+                                            self.model_metrics).update)
+        self.gauges = GaugeThread(updates)
         self.loop = self.create_loop(engine=self.engine, responder=triton_glue.StreamResponder(),
                                      stream_interval=config.stream_interval, context_window=DETOKENIZER_WINDOW,
                                      on_load=self.publish, delivery=delivery)
         self.loop.publish_load()
+        self.gauges.start()
         self.loop.start()
 
     @staticmethod
@@ -62,10 +66,9 @@ class TritonPythonModel:
 
     def publish(self, load: Load) -> None:
         self.table.publish(load)
-        self.load_metrics.update(load)
+        self.latest_load = load
 
     def finalize(self):
-        if self.model_load is not None:
-            self.model_load.stop()
+        self.gauges.stop()
         self.loop.stop()
         self.table.close()
