@@ -103,15 +103,16 @@ if [ "$watchdog" = 1 ]; then
 fi
 server+=("$@")
 
-# Started before the exec, the watchdog is watching this process, which becomes tritonserver; it
-# ends once the server is gone.
-start_watchdog() {  # server pid
+# A companion process beside tritonserver (whose pid is server_pid); the watchdog ends once the
+# server is gone.
+start_watchdog() {
   local host="$BIND_ADDRESS"
   case "$host" in 0.0.0.0) host=127.0.0.1 ;; ::) host="[::1]" ;; *:*) host="[$host]" ;; esac
   TRITONFRONT_REPOSITORY_KEY="$REPOSITORY_KEY" "$VENV/bin/python" -m tritonfront.watchdog \
-    --server-pid "$1" --url "$host:${HTTP_PORT:-8000}" &
+    --server-pid "$server_pid" --url "$host:${HTTP_PORT:-8000}" &
 }
 if [ "$watchdog" = 1 ]; then
-  start_watchdog $$
+  server_pid=$$  # the exec below makes this process tritonserver
+  start_watchdog
 fi
 exec "${server[@]}"
