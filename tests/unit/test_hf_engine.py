@@ -64,7 +64,7 @@ def test_seeded_sampling_does_not_depend_on_the_batch(engine, tokenizer):
     prompts = [tokenizer(p).input_ids for p in PROMPTS]
     sampled = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.95, random_seed=1234)
     alone = run(engine, {"alone": (prompts[0], sampled)})["alone"]
-    crowd = {f"c{i}": (ids, SamplingParams(max_tokens=10, temperature=0.8, random_seed=i))
+    crowd = {f"c{i}": (ids, SamplingParams(max_tokens=10, temperature=0.8, top_p=1.0, random_seed=i))
              for i, ids in enumerate(prompts)}
     crowd["seeded"] = (prompts[0], sampled)
     together = run(engine, crowd)
@@ -114,7 +114,7 @@ def test_top_k_and_top_p_keep_what_they_should():
     scores = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
     kept_k = torch.isfinite(TopK()(scores, packed([2, 0, 9], torch.int32)))
     assert kept_k.tolist() == [[True, True, False, False], [True] * 4, [True] * 4]
-    kept_p = torch.isfinite(TopP()(scores, packed([0.7, 0.8, 1.0], torch.float32)))
+    kept_p = torch.isfinite(TopP()(scores, packed([0.7, 0.85, 1.0], torch.float32)))
     assert kept_p.tolist() == [[True, True, False, False], [True, True, True, False], [True] * 4]
 
 
