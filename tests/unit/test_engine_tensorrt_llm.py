@@ -100,8 +100,9 @@ def test_the_llm_is_built_for_guided_decoding_with_its_tokenizer(engine):
 
 
 def test_greedy_leaves_sampling_unset_and_maps_no_feature_it_was_not_asked_for(engine):
-    options = engine._sampling(SamplingParams(max_tokens=8, temperature=0.7)).kwargs
-    assert options == {"max_tokens": 8, "end_id": EOS, "pad_id": EOS, "detokenize": False, "stop_token_ids": None}
+    for greedy in (SamplingParams(max_tokens=8), SamplingParams(max_tokens=8, temperature=0.0, top_p=0.5)):
+        options = engine._sampling(greedy).kwargs
+        assert options == {"max_tokens": 8, "end_id": EOS, "pad_id": EOS, "detokenize": False, "stop_token_ids": None}
 
 
 def test_every_feature_reaches_tensorrt_llms_sampling_params(engine):
@@ -112,7 +113,7 @@ def test_every_feature_reaches_tensorrt_llms_sampling_params(engine):
     options = engine._sampling(params).kwargs
     assert options.pop("guided_decoding").kwargs == {"json": '{"type": "object"}'}
     assert options == {"max_tokens": 8, "end_id": 7, "pad_id": 7, "detokenize": False, "stop_token_ids": [EOS],
-                       "temperature": 0.5, "top_k": 40, "top_p": None, "seed": 9, "min_tokens": 3,
+                       "temperature": 0.5, "top_k": 40, "top_p": 1.0, "seed": 9, "min_tokens": 3,
                        "repetition_penalty": 1.2, "presence_penalty": -0.5, "frequency_penalty": 0.25,
                        "bad_token_ids": [11, 12], "logprobs": 4}
     assert engine._sampling(SamplingParams(max_tokens=8, return_log_probs=True)).kwargs["logprobs"] == 1

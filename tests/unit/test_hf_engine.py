@@ -64,7 +64,7 @@ def test_seeded_sampling_does_not_depend_on_the_batch(engine, tokenizer):
     prompts = [tokenizer(p).input_ids for p in PROMPTS]
     sampled = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.95, random_seed=1234)
     alone = run(engine, {"alone": (prompts[0], sampled)})["alone"]
-    crowd = {f"c{i}": (ids, SamplingParams(max_tokens=10, temperature=0.8, top_p=1.0, random_seed=i))
+    crowd = {f"c{i}": (ids, SamplingParams(max_tokens=10, temperature=0.8, random_seed=i))
              for i, ids in enumerate(prompts)}
     crowd["seeded"] = (prompts[0], sampled)
     together = run(engine, crowd)

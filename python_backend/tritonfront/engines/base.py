@@ -35,12 +35,12 @@ class GuidedDecoding:
     """Output constrained to a guide. `validate` checks its shape only; whether the guide text
     compiles is the engine's check (Engine.check_params), since compiling needs its vocabulary."""
     guide_type: str
-    guide: str = ""
+    guide: Optional[str] = None  # not read for "json"
 
     def validate(self) -> None:
         if self.guide_type not in GUIDE_TYPES:
             raise InvalidInput("guided_decoding_guide_type", f"{self.guide_type!r} must be one of {GUIDE_TYPES}")
-        if self.guide_type != "json" and not self.guide.strip():
+        if self.guide_type != "json" and not (self.guide or "").strip():
             raise InvalidInput("guided_decoding_guide", f"is required for guide type {self.guide_type!r}")
 
 
@@ -49,11 +49,12 @@ class SamplingParams:
     """One request's generation settings, with TensorRT-LLM's meanings and defaults (its executor
     SamplingConfig and penalty kernel, which its Triton `tensorrt_llm` model drives)."""
     max_tokens: int
-    # Greedy unless sampling is asked for as TensorRT-LLM decides it (see `greedy`); when sampling,
-    # None is 1.0.
+    # None: greedy unless top_k or top_p ask for sampling, then 1.0. (TensorRT-LLM's rule that a
+    # temperature without top_k or top_p is greedy belongs to its contract: the request parser
+    # turns such a temperature into 0.)
     temperature: Optional[float] = None
-    top_k: int = 0  # 0: not set (no top-k limit)
-    top_p: Optional[float] = None  # None: not set (TensorRT-LLM reads top_p <= 0 the same way)
+    top_k: int = 0  # 0: no top-k limit
+    top_p: float = 1.0
     random_seed: Optional[int] = None  # None: a fresh seed per request
     end_id: Optional[int] = None  # finishes like the model's EOS, in addition to it
     # TensorRT-LLM's min_length: the end tokens (EOS and end_id) cannot be generated before this many
@@ -78,19 +79,13 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """TensorRT-LLM's rule: top_k 1 is greedy, and so is neither top_k nor top_p being set, whatever
-        the temperature (its sampler then takes top_k = 1). Temperature 0 is greedy too."""
-        if self.temperature == 0 or self.top_k == 1:
-            return True
-        return self.top_k == 0 and self.top_p is None
+        if self.temperature is not None:
+            return self.temperature == 0 or self.top_k == 1
+        return self.top_k in (0, 1) and self.top_p == 1.0
 
     @property
     def effective_temperature(self) -> float:
         return 1.0 if self.temperature is None else float(self.temperature)
-
-    @property
-    def effective_top_p(self) -> float:
-        return 1.0 if self.top_p is None else float(self.top_p)
 
     @property
     def wants_log_probs(self) -> bool:
@@ -114,7 +109,7 @@ class SamplingParams:
             raise InvalidInput("temperature", f"{self.temperature} must be a finite number >= 0 (0 is greedy)")
         if self.top_k < 0:
             raise InvalidInput("top_k", f"{self.top_k} must be >= 0 (0 is no limit)")
-        if self.top_p is not None and not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
             raise InvalidInput("top_p", f"{self.top_p} must be in (0, 1]")
         if self.random_seed is not None and not 0 <= self.random_seed <= UINT64_MAX:
             raise InvalidInput("random_seed", f"{self.random_seed} is outside 0..{UINT64_MAX}")

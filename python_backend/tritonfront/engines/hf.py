@@ -489,7 +489,7 @@ def sampling_kwargs(params: SamplingParams) -> dict:
         return {}
     seed = params.random_seed if params.random_seed is not None else secrets.randbits(64)
     return {"temperature": params.effective_temperature, "top_k": int(params.top_k),
-            "top_p": params.effective_top_p, "random_seed": int(seed)}
+            "top_p": float(params.top_p), "random_seed": int(seed)}
 
 
 def eos_token_ids(model) -> set[int]:

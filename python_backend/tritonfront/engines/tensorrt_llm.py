@@ -122,7 +122,7 @@ class TensorRTLLMEngine(Engine):
         end_id = params.end_id if params.end_id is not None else (eos[0] if eos else None)
         options = dict(max_tokens=params.max_tokens, end_id=end_id, pad_id=end_id, detokenize=False,
                        stop_token_ids=[i for i in eos if i != end_id] or None)
-        if not params.greedy:  # TensorRT-LLM is greedy when neither top_k nor top_p is set
+        if not params.greedy:  # all of temperature, top_k and top_p unset is TensorRT-LLM's greedy
             options.update(temperature=params.effective_temperature, top_k=params.top_k or None,
                            top_p=params.top_p, seed=params.random_seed)
         # Unset fields stay None: TensorRT-LLM's own defaults are the neutral values.
