@@ -43,6 +43,7 @@ class BatchMetrics:
     observe() or increment())."""
 
     def __init__(self, metric: Callable[..., Any]):
+        self.source = metric  # kept: Triton deletes a metric family nothing holds, and its metrics with it
         self.texts, self.tokens = metric(BATCH_TEXTS, TEXT_BUCKETS), metric(BATCH_TOKENS, TOKEN_BUCKETS)
         self.real, self.padding = metric(TOKENS), metric(PADDING)
 
