@@ -69,8 +69,12 @@ async def infer_once(client, model: str, inputs: list, scheduled: float, outputs
     it may wait in each model's queue before the server rejects it (the queue policy's timeout
     when shorter)."""
     outcome = Outcome(scheduled)
+    # The HTTP aio client has no client_timeout argument; `timeout` (the deadline) both have.
+    limits = {} if timeout is None else {"client_timeout": timeout}
+    if deadline_us is not None:
+        limits["timeout"] = deadline_us
     try:
-        result = await client.infer(model, inputs, outputs=outputs, client_timeout=timeout, timeout=deadline_us)
+        result = await client.infer(model, inputs, outputs=outputs, **limits)
     except InferenceServerException as error:
         return outcome.fail(time.perf_counter(), error)
     return outcome.end(time.perf_counter(), SERVED, result=read(result) if read else result)
