@@ -34,6 +34,18 @@ def scalar(inputs: Inputs, name: str, default: Any = None) -> Any:
     return item.decode("utf-8", "replace") if isinstance(item, bytes) else item.item()
 
 
+def row_scalar(inputs: Inputs, name: str, row: int, rows: int, default: Any = None) -> Any:
+    """The value of an optional input for one prompt of a request with `rows` prompts: its row of
+    the tensor, as TensorRT-LLM reads per-prompt inputs (a request of one prompt takes the single
+    value `scalar` gives)."""
+    value = inputs.get(name)
+    if value is None or rows == 1:
+        return scalar(inputs, name, default)
+    if value.shape[0] != rows:
+        raise InvalidInput(name, f"has {value.shape[0]} rows for {rows} prompts: one value per prompt")
+    return scalar({name: value[row]}, name, default)
+
+
 def decode_texts(items: Sequence, field: str) -> list[str]:
     """BYTES tensor items as text; bad UTF-8 is the client's error, named by item and byte."""
     texts = []

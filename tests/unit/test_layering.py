@@ -19,9 +19,10 @@ TRITON_ONLY = ("triton_python_backend_utils", "triton_glue")
 LAYERS = [
     {"errors", "threads"},
     {"engines"},
-    {"inputs", "shared_tables", "ragged", "devices", "model_sources", "stopping", "load"},
+    {"inputs", "shared_tables", "ragged", "devices", "model_sources", "stopping", "load", "trtllm_contract"},
     {"tokenization", "encoding", "detokenization", "delivery", "balancing", "generation_request"},
     {"pooling", "generation"},
+    {"fanout"},
     {"model_config"},
     {"watchdog"},
 ]

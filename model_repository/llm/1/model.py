@@ -5,8 +5,9 @@ from tritonfront import balancing, devices, model_sources
 from tritonfront.delivery import DeliveryTracker
 from tritonfront.detokenization import DETOKENIZER_WINDOW
 from tritonfront.engines import create_engine
+from tritonfront.fanout import GroupResponder, submit_group
 from tritonfront.generation import GenerationLoop
-from tritonfront.generation_request import GenerationRequest
+from tritonfront.generation_request import GenerationRequest, parse_batch
 from tritonfront.load import Load, LoadMetrics
 
 
@@ -26,7 +27,7 @@ class TritonPythonModel:
                                              timeout_s=config.abandoned_stream_timeout_ms / 1000)
         self.metrics = triton_glue.Metrics({"model": args["model_name"], "rank": str(rank)})
         self.load_metrics = LoadMetrics(self.metrics)
-        self.loop = self.create_loop(engine=self.engine, responder=triton_glue.StreamResponder(),
+        self.loop = self.create_loop(engine=self.engine, responder=GroupResponder(triton_glue.StreamResponder()),
                                      stream_interval=config.stream_interval, context_window=DETOKENIZER_WINDOW,
                                      on_load=self.publish, delivery=delivery)
         self.loop.publish_load()
@@ -48,10 +49,12 @@ class TritonPythonModel:
         return None
 
     def submit(self, handle, request) -> None:
-        self.loop.submit(handle, self.parse(request))
+        submit_group(self.loop, handle, self.parse(request))
 
-    def parse(self, request) -> GenerationRequest:
-        return GenerationRequest.parse(triton_glue.inputs(request), self.engine.vocab_size, self.engine.context_length)
+    def parse(self, request) -> list[GenerationRequest]:
+        """One GenerationRequest per sequence the request asks for (prompts times num_return_sequences)."""
+        return parse_batch(triton_glue.inputs(request), self.engine.vocab_size, self.engine.context_length,
+                           self.config.exclude_input_in_output == "true")
 
     def publish(self, load: Load) -> None:
         self.table.publish(load)
