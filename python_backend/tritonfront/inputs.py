@@ -28,10 +28,16 @@ def scalar(inputs: Inputs, name: str, default: Any = None) -> Any:
     values = value.reshape(-1)
     if values.size == 0:
         return default
-    if np.any(values != values[0]):
+    if not _all_equal(values):
         raise InvalidInput(name, f"must have one value per request, got {values.size} different values")
     item = values[0]
     return item.decode("utf-8", "replace") if isinstance(item, bytes) else item.item()
+
+
+def _all_equal(values: np.ndarray) -> bool:
+    if values.dtype.kind == "f":  # NaN is its own value here: the limit check names it
+        return bool(np.array_equal(values, np.full_like(values, values[0]), equal_nan=True))
+    return bool(np.all(values == values[0]))
 
 
 def row_scalar(inputs: Inputs, name: str, row: int, rows: int, default: Any = None) -> Any:
