@@ -72,10 +72,6 @@ def configure(args) -> Path:
             config_file = model_dir / "config.pbtxt"
             if not config_file.exists():
                 continue
-            if model_dir.is_symlink():  # another name of a model here (ensembles/ensemble): link its deployment
-                (target / model_dir.name).parent.mkdir(parents=True, exist_ok=True)
-                (target / model_dir.name).symlink_to(model_dir.readlink())
-                continue
             config = load(config_file)
             name = config.name or model_dir.name  # Triton names a model without `name` after its folder
             if counts.get(name):

@@ -131,7 +131,7 @@ def _finite(name: str, value, default: float, check=lambda v: True, limit: str =
     return value
 
 
-def _sampling(inputs: Inputs, row: int, rows: int, max_tokens: int) -> dict:
+def _sampling(inputs: Inputs, row: int, rows: int) -> dict:
     """SamplingParams fields with TensorRT-LLM's defaults: greedy unless top_k > 1 or a top_p is
     given (temperature alone does not sample: its kernels take top_k = top_p = 0 as greedy), then
     temperature 1.0 unless given."""
@@ -144,8 +144,6 @@ def _sampling(inputs: Inputs, row: int, rows: int, max_tokens: int) -> dict:
     elif temperature is None and samples:
         temperature = 1.0
     min_tokens = int(_alias(inputs, "min_tokens", row, rows) or 0)
-    if not 0 <= min_tokens <= max_tokens:
-        raise InvalidInput("min_tokens", f"{min_tokens} is outside 0..max_tokens ({max_tokens})")
     _finite("length_penalty", row_scalar(inputs, "length_penalty", row, rows), 0.0)  # beam search only
     return dict(
         temperature=temperature, top_k=top_k, top_p=float(1.0 if top_p is None else top_p),
@@ -189,14 +187,14 @@ _NEUTRAL = dict(min_tokens=0, repetition_penalty=1.0, presence_penalty=0.0, freq
                 return_log_probs=False, bad_words=(), guided_decoding=None)
 
 
-def _engine_params(fields: dict, input_names: dict) -> SamplingParams:
-    """SamplingParams of `fields`. Placeholder until the engines' new fields are merged: a field
-    SamplingParams does not have yet is an error when it asks for something."""
+def _engine_params(fields: dict, input_names: dict) -> tuple[SamplingParams, list[str]]:
+    """SamplingParams of `fields`, and the inputs it cannot carry. Placeholder until the engines'
+    new fields are merged: a field SamplingParams does not have yet is an error (once every limit
+    is checked) when it asks for something."""
     known = {field.name for field in dataclasses.fields(SamplingParams)}
-    for name in [name for name in fields if name not in known]:
-        if fields.pop(name) != _NEUTRAL[name]:
-            raise InvalidInput(input_names.get(name, name), "is not supported by this engine")
-    return SamplingParams(**fields)
+    missing = [input_names.get(name, name) for name in [name for name in fields if name not in known]
+               if fields.pop(name) != _NEUTRAL[name]]
+    return SamplingParams(**fields), missing
 
 
 def _parse_prompt(inputs: Inputs, row: int, rows: int, vocab_size: int, context_length: int,
@@ -222,15 +220,20 @@ def _parse_prompt(inputs: Inputs, row: int, rows: int, vocab_size: int, context_
     if pad_id is not None and not 0 <= pad_id < vocab_size:
         raise InvalidInput("pad_id", f"{pad_id} is outside the vocabulary 0..{vocab_size - 1}")
     fields = dict(max_tokens=max_tokens, random_seed=_alias(inputs, "seed", row, rows),
-                  end_id=row_scalar(inputs, "end_id", row, rows), **_sampling(inputs, row, rows, max_tokens))
+                  end_id=row_scalar(inputs, "end_id", row, rows), **_sampling(inputs, row, rows))
+    min_tokens = fields["min_tokens"]
     bad_words = stop_sequences_from_tensor(_row(inputs, "bad_words_ids", row, rows), vocab_size, "bad_words_ids")
     if bad_words:
         fields["bad_words"] = tuple(tuple(word) for word in bad_words)
     guided = _guided_decoding(inputs, row, rows)
     if guided is not None:
         fields["guided_decoding"] = guided
-    params = _engine_params(fields, {"random_seed": "seed", "guided_decoding": "guided_decoding_guide_type"})
+    params, missing = _engine_params(fields, {"random_seed": "seed", "guided_decoding": "guided_decoding_guide_type"})
     params = params.validate(length, context_length, vocab_size)
+    if not 0 <= min_tokens <= max_tokens:
+        raise InvalidInput("min_tokens", f"{min_tokens} is outside 0..max_tokens ({max_tokens})")
+    if missing:
+        raise InvalidInput(missing[0], "is not supported by this engine")
     options = ResponseOptions(
         exclude_input=bool(row_scalar(inputs, "exclude_input_in_output", row, rows, exclude_input_default)),
         log_probs=bool(row_scalar(inputs, "return_log_probs", row, rows, False)),
