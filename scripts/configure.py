@@ -8,15 +8,35 @@ code is never copied.
     scripts/configure.py --out /tmp/deploy --dp 2 --detokenizers 4
     scripts/configure.py --out /tmp/deploy --gpus 0,1 --engine tensorrt_llm
     scripts/configure.py --out /tmp/deploy --queue encoder=256:2000 --queue llm=128:30000
-    TRITONFRONT_REPOSITORIES="/tmp/deploy/model_repository /tmp/deploy/ensembles" scripts/serve.sh
+    TRITONFRONT_REPOSITORIES=/tmp/deploy/model_repository:/tmp/deploy/ensembles scripts/serve.sh
 """
 import argparse
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
+
+def run_in_project_venv() -> None:
+    """Started by another Python (the shebang's python3), re-executes this script with the venv's,
+    the one scripts/env.sh names, so it runs as README writes it from any shell."""
+    env_sh = Path(__file__).resolve().parent / "env.sh"
+    venv = subprocess.run(["bash", "-c", 'source "$1" && printf %s "$VENV"', "env.sh", env_sh],
+                          check=True, capture_output=True, text=True).stdout
+    if Path(sys.prefix).resolve() == Path(venv).resolve():
+        return
+    python = Path(venv) / "bin" / "python"
+    if not python.exists():
+        sys.exit(f"{python} not found: run scripts/setup.sh first")
+    os.execv(python, [str(python), __file__, *sys.argv[1:]])
+
+
+if __name__ == "__main__":  # imported (by a test), it is already in some venv: never replace that process
+    run_in_project_venv()
+
+from google.protobuf import text_format  # noqa: E402 (installed in the venv entered above)
+from tritonclient.grpc import model_config_pb2  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REPOSITORIES = ("model_repository", "ensembles")
@@ -117,7 +137,7 @@ def main(argv=None) -> None:
     if args.gpus and args.dp:
         parser.error("--dp is the number of GPUs when --gpus is given")
     out = configure(args)
-    print(f'TRITONFRONT_REPOSITORIES="{out}/model_repository {out}/ensembles"')
+    print(f'TRITONFRONT_REPOSITORIES="{out}/model_repository:{out}/ensembles"')
 
 
 if __name__ == "__main__":

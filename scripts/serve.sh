@@ -1,26 +1,60 @@
 #!/usr/bin/env bash
-# Runs tritonserver in the foreground on the component models and the ensembles.
+# Runs tritonserver in the foreground on the component models and the ensembles. The one place that
+# holds the server's flags: the Docker image runs this script too (Dockerfile CMD).
 #   HTTP_PORT / GRPC_PORT / METRICS_PORT   default 8000 / 8001 / 8002
 #   BIND_ADDRESS                           default 127.0.0.1 (loopback only; see README before exposing)
 #   TRITONFRONT_EMBED_MODEL                embedding model folder (default: the bundled all-MiniLM-L6-v2)
 #   TRITONFRONT_LLM_MODEL                  causal-LM folder or .gguf (default: the bundled SmolLM2-135M-Instruct)
-#   TRITONFRONT_REPOSITORIES               model repositories (default: model_repository ensembles),
-#                                          e.g. the output of scripts/configure.py
+#   TRITONFRONT_REPOSITORIES               model repositories separated by ':' as in PATH (default:
+#                                          model_repository:ensembles of this checkout), e.g. what
+#                                          scripts/configure.py prints; a path may hold spaces, not ':'
 # Extra arguments are passed to tritonserver.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-[ -x "${TRITONSERVER:-}" ] || { echo "tritonserver not found: run scripts/setup.sh first" >&2; exit 1; }
+if [ ! -x "${TRITONSERVER:-}" ]; then
+  echo "tritonserver not found${TRITONSERVER:+ at $TRITONSERVER}: run scripts/setup.sh first" >&2
+  exit 1
+fi
+if [ ! -d "$BACKEND_DIR/python" ]; then
+  echo "Python backend not found at $BACKEND_DIR/python: run scripts/setup.sh first" >&2
+  exit 1
+fi
+
+# Triton 2.51's Python backend starts every stub through `bash -c` with the backend and model paths
+# unquoted (python_backend r24.10, stub_launcher.cc), so a path with a space or a shell character
+# fails every Python model. Such a path reaches tritonserver as a symlink with a plain name.
+aliases=""
+plain_path() {  # sets REPLY
+  REPLY="$1"
+  if [[ "$REPLY" =~ ^[A-Za-z0-9._/+@=,:-]+$ ]]; then return; fi
+  if [ -z "$aliases" ]; then aliases="$(mktemp -d /tmp/tritonfront-paths.XXXXXX)"; fi
+  local link
+  link="$aliases/$(find "$aliases" -mindepth 1 -maxdepth 1 | wc -l)"
+  case "$1" in /*) ln -s "$1" "$link" ;; *) ln -s "$PWD/$1" "$link" ;; esac
+  REPLY="$link"
+}
 
 BIND_ADDRESS="${BIND_ADDRESS:-127.0.0.1}"
-repo_args=()
-for repo in ${TRITONFRONT_REPOSITORIES:-$TRITONFRONT_ROOT/model_repository $TRITONFRONT_ROOT/ensembles}; do
-  repo_args+=("--model-repository=$repo")
-done
+IFS=: read -r -a repositories <<< "${TRITONFRONT_REPOSITORIES:-$TRITONFRONT_ROOT/model_repository:$TRITONFRONT_ROOT/ensembles}"
 
-exec "$TRITONSERVER" "${repo_args[@]}" \
-  --backend-directory="$BACKEND_DIR" \
-  --http-address="$BIND_ADDRESS" --http-port="${HTTP_PORT:-8000}" \
-  --grpc-address="$BIND_ADDRESS" --grpc-port="${GRPC_PORT:-8001}" \
-  --metrics-address="$BIND_ADDRESS" --metrics-port="${METRICS_PORT:-8002}" \
-  --allow-cpu-metrics=true --disable-auto-complete-config \
+server=("$TRITONSERVER")
+for repository in "${repositories[@]}"; do
+  if [ -n "$repository" ]; then
+    plain_path "$repository"
+    server+=("--model-repository=$REPLY")
+  fi
+done
+if [ "${#server[@]}" = 1 ]; then
+  echo "no model repository in TRITONFRONT_REPOSITORIES='${TRITONFRONT_REPOSITORIES:-}'" >&2
+  exit 1
+fi
+plain_path "$BACKEND_DIR"
+server+=(
+  --backend-directory="$REPLY"
+  --http-address="$BIND_ADDRESS" --http-port="${HTTP_PORT:-8000}"
+  --grpc-address="$BIND_ADDRESS" --grpc-port="${GRPC_PORT:-8001}"
+  --metrics-address="$BIND_ADDRESS" --metrics-port="${METRICS_PORT:-8002}"
+  --allow-cpu-metrics=true --disable-auto-complete-config
   "$@"
+)
+exec "${server[@]}"

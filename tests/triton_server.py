@@ -60,7 +60,7 @@ def triton_server(log_path: Path, repositories: list[Path] | None = None, env: d
     http, grpc, metrics = free_ports(3)
     environment = dict(os.environ, HTTP_PORT=str(http), GRPC_PORT=str(grpc), METRICS_PORT=str(metrics), **(env or {}))
     if repositories:
-        environment["TRITONFRONT_REPOSITORIES"] = " ".join(str(r) for r in repositories)
+        environment["TRITONFRONT_REPOSITORIES"] = ":".join(str(r) for r in repositories)
     log = open(log_path, "w")
     # Own process group: a stop kills tritonserver and every Python stub it started.
     process = subprocess.Popen([str(ROOT / "scripts" / "serve.sh"), *extra_args], stdout=log,

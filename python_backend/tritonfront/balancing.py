@@ -8,7 +8,6 @@ call while it is not among the least-loaded ranks. Triton's scheduler then hands
 requests to the less-loaded instances, and waiting requests stay in Triton's own queue, where
 its queue policies, priorities and metrics keep working.
 """
-import json
 import time
 from pathlib import Path
 from typing import Optional
@@ -21,24 +20,6 @@ from .shared_tables import DEFAULT_DIRECTORY, open_rows, remove_stale_tables, ta
 FIELDS = ("outstanding_tokens", "waiting_requests", "active_sequences", "heartbeat_ns")
 OUTSTANDING, WAITING, ACTIVE, HEARTBEAT = range(len(FIELDS))
 BALANCING_MODES = ("tokens", "none")
-
-
-def instance_rank(args: dict) -> tuple[int, int]:
-    """(rank of this instance, number of ranks) across all instance groups of the model, from the
-    instance name Triton gives it: <group name>_<index within the group>."""
-    config = json.loads(args["model_config"])
-    name = args["model_instance_name"]
-    rank, ranks = None, 0
-    for group in config.get("instance_group", []):
-        size = int(group.get("count", 1)) * max(1, len(group.get("gpus", [])))  # count is per GPU
-        prefix = f"{group.get('name', '')}_"
-        index = name[len(prefix):]
-        if name.startswith(prefix) and index.isdigit() and int(index) < size:
-            rank = ranks + int(index)
-        ranks += size
-    if rank is None:
-        raise ValueError(f"instance {name!r} is not in the instance groups of model {config.get('name')!r}")
-    return rank, ranks
 
 
 class LoadTable:

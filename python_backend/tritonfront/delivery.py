@@ -89,12 +89,24 @@ class DeliveryTracker:
             del self._unacked[request_id]
             self._free.append(slot)
 
+    def in_flight(self, request_id: str) -> bool:
+        """Whether a chunk of this tracked stream was sent and not acknowledged yet (it waits in the
+        detokenizer's queue or is being decoded)."""
+        pending = self._unacked.get(request_id)
+        if not pending:
+            return False
+        self._take_acknowledgements(request_id, pending)
+        return bool(pending)
+
+    def _take_acknowledgements(self, request_id: str, pending: collections.deque) -> None:
+        acknowledged = self.acks[self._slots[request_id]]
+        while pending and pending[0][0] <= acknowledged:
+            self._delivered_sent_at = max(self._delivered_sent_at, pending.popleft()[1])
+
     def abandoned(self) -> list[str]:
         now = self.clock()
         for request_id, pending in self._unacked.items():
-            acknowledged = self.acks[self._slots[request_id]]
-            while pending and pending[0][0] <= acknowledged:
-                self._delivered_sent_at = max(self._delivered_sent_at, pending.popleft()[1])
+            self._take_acknowledgements(request_id, pending)
         return [request_id for request_id, pending in self._unacked.items()
                 if pending and (self._delivered_sent_at - pending[0][1] > self.grace_s
                                 or now - pending[0][1] > self.timeout_s)]

@@ -11,6 +11,11 @@ so a cancelled request leaves the batch (and frees its KV cache) within one step
 abandoned behind the ensemble, which Triton does not cancel, are found through a
 DeliveryTracker (tritonfront.delivery) and leave the same way. Sending and the cancellation
 check are a Responder's job, so this runs and is tested without Triton.
+
+A stream behind the ensemble gets one detokenizer request per chunk. While its previous chunk is
+not acknowledged yet (still queued in the detokenizer, or being decoded), new tokens are held and
+go out together in one chunk once it is: an idle server streams every token as it comes, and a
+detokenizer that falls behind gets fewer, larger chunks instead of a growing queue.
 """
 import itertools
 import logging
@@ -85,7 +90,11 @@ class Completion:
         return self.finish_reason is not None
 
     def on_tokens(self, token_ids: Sequence[int], engine_finished: bool = False,
-                  engine_reason: Optional[str] = None, log_probs: Optional[Sequence[float]] = None) -> list[Chunk]:
+                  engine_reason: Optional[str] = None, hold: bool = False,
+                  log_probs: Optional[Sequence[float]] = None) -> list[Chunk]:
+        """The chunks these new ids complete: the final one when the request ends, otherwise a
+        streamed one every stream_interval ids unless `hold` (the ids then wait for `release`).
+        `log_probs`, one per id where the engine gives them, travel with their ids."""
         if token_ids:
             self.last_token_ns = time.time_ns()
             self.first_token_ns = self.first_token_ns or self.last_token_ns
@@ -109,9 +118,17 @@ class Completion:
             self._end(engine_reason or FINISH_LENGTH)
         if self.finished:
             return [self._chunk(final=True)]
-        if self.stream and len(self._pending) >= self.stream_interval:
+        if not hold and self.holding:
             return [self._chunk(final=False)]
         return []
+
+    @property
+    def holding(self) -> bool:
+        """A streamed chunk's worth of ids is ready and not sent."""
+        return self.stream and not self.finished and len(self._pending) >= self.stream_interval
+
+    def release(self) -> Optional[Chunk]:
+        return self._chunk(final=False) if self.holding else None
 
     def cancel(self) -> Chunk:
         self._pending, self._pending_log_probs, self._held_log_probs = [], [], []
@@ -167,6 +184,7 @@ class GenerationLoop:
         self.delivery = delivery
         self._cancellations_checked = 0.0
         self._live: dict[str, _Live] = {}
+        self._held: set[str] = set()  # streams whose ready ids wait for their previous chunk's acknowledgement
         self._cancelled = 0
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified whenever a request leaves
@@ -242,6 +260,7 @@ class GenerationLoop:
         then cancellations, then the new load."""
         for output in outputs:
             self._deliver(output)
+        self._release_held()
         # Once per engine step (a step's outputs arrive together), and now and then while
         # requests only wait: each check is a round trip to Triton per live request.
         now = time.monotonic()
@@ -260,15 +279,36 @@ class GenerationLoop:
             self._fail(live.handle, RuntimeError(output.error))
             return
         chunks = live.completion.on_tokens(output.token_ids, output.finished, output.finish_reason,
-                                           getattr(output, "log_probs", None))  # placeholder until EngineOutput has them
+                                           hold=self._awaiting_acknowledgement(output.request_id),
+                                           log_probs=getattr(output, "log_probs", None))  # placeholder until EngineOutput has them
         if live.completion.finished:
             # A stop sequence ends the request before the engine would have.
             self._retire(output.request_id, cancel_engine=not output.finished)
+        elif live.completion.holding:
+            self._held.add(output.request_id)
         for chunk in chunks:
-            if not self._send(live, chunk) and not chunk.final:
-                self._retire(output.request_id, cancel_engine=True)
-                self._send(live, live.completion.cancel())  # Triton holds the request until a final flag
-                break
+            self._send_or_cancel(live, chunk)
+
+    def _awaiting_acknowledgement(self, request_id: str) -> bool:
+        if self.delivery is None:
+            return False
+        with self._lock:
+            return self.delivery.in_flight(request_id)
+
+    def _release_held(self) -> None:
+        for request_id in list(self._held):
+            with self._lock:
+                live = self._live.get(request_id)
+            if live is None or not live.completion.holding:
+                self._held.discard(request_id)
+            elif not self._awaiting_acknowledgement(request_id):
+                self._held.discard(request_id)
+                self._send_or_cancel(live, live.completion.release())
+
+    def _send_or_cancel(self, live: _Live, chunk: Chunk) -> None:
+        if not self._send(live, chunk) and not chunk.final:
+            self._retire(live.request_id, cancel_engine=True)
+            self._send(live, live.completion.cancel())  # Triton holds the request until a final flag
 
     def _check_cancellations(self) -> None:
         with self._lock:

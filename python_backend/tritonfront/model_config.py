@@ -89,10 +89,17 @@ class TokenizerConfig(Config):
                                                              "INVALID_ARG", minimum=1)
 
 
+THREAD_POLICIES = ("share", "fixed")
+
+
 @dataclass(frozen=True)
 class EncoderConfig(Config):
     model_source: str = _model_source("embed")
-    num_threads: int = _num_threads(1)
+    num_threads: int = _parameter(0, "torch intra-op threads of an instance computing alone; 0: one per core",
+                                  minimum=0)
+    threads: str = _parameter("share", "share: CPU instances split num_threads by how many of them compute right "
+                                       "now (all for a lone request, one each under load: core_sharing.py); "
+                                       "fixed: always num_threads", choices=THREAD_POLICIES)
     max_batch_tokens: int = _parameter(8192, "padded tokens per forward pass: bounds memory and keeps "
                                              "sub-batches similar in length", minimum=1)
 
@@ -120,15 +127,15 @@ class LLMConfig(Config):
                                 choices=BALANCING_MODES)
     balancing_timeout_ms: int = _parameter(1000, "longest hold of execute by the balancing gate", minimum=0)
     stream_interval: int = _parameter(1, "generated tokens per streamed response", minimum=1)
-    max_num_seqs: int = _parameter(64, "sequences in one forward pass", minimum=1)
-    max_active_requests: int = _parameter(16, "unfinished requests one rank holds; beyond them requests wait in "
+    max_num_seqs: int = _parameter(256, "sequences in one forward pass", minimum=1)
+    max_active_requests: int = _parameter(256, "unfinished requests one rank holds; beyond them requests wait in "
                                               "Triton's queue, whose size limit and timeout reject what cannot be "
                                               "served in time", minimum=1)
     abandoned_stream_timeout_ms: int = _parameter(
         6000, "a tracked stream none of whose chunks were acknowledged for this long is freed as abandoned "
               "(sooner when later chunks of other streams were); keep it above the detokenizer's queue timeout, "
               "so a chunk still waiting there is never taken for lost", minimum=1)
-    kv_cache_tokens: int = _parameter(16384, "KV cache size in tokens per rank; 0 sizes it from free memory "
+    kv_cache_tokens: int = _parameter(32768, "KV cache size in tokens per rank; 0 sizes it from free memory "
                                              "(on a GPU)", minimum=0)
     max_batch_tokens: int = _parameter(512, "tokens in one forward pass: bounds the prefill chunk a long prompt "
                                             "is split into", minimum=1)

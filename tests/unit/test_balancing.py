@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tritonfront.balancing import (BalancingGate, LoadTable, instance_rank, remove_stale_tables, table_path)
+from tritonfront.balancing import BalancingGate, LoadTable, remove_stale_tables, table_path
+from tritonfront.devices import instance_rank
 from tritonfront.load import Load
 
 

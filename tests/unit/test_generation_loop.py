@@ -189,11 +189,13 @@ def test_a_stream_whose_chunks_are_not_acknowledged_is_freed(tmp_path):
                                           delivery_acknowledged=True))
     loop.submit("direct", GenerationRequest([10, 11], SamplingParams(max_tokens=50), stream=True))
     gone, direct = list(engine.added)
-    for _ in range(3):
+    for step in range(3):
         engine.emit(gone, [100])
         engine.emit(direct, [100])
         loop.step()
-    Acknowledger(1, tmp_path).acknowledge(np.array([c.delivery for c in client.chunks["gone"][:1]]))
+        if step == 0:  # the detokenizer took the first chunk; the second stays unacknowledged
+            Acknowledger(1, tmp_path).acknowledge(np.array([c.delivery for c in client.chunks["gone"][:1]]))
+    assert len(client.chunks["gone"]) == 2  # the third token waits behind the second chunk
     now[0] += 5.1
     loop.step()
     assert engine.cancelled == [gone]
@@ -214,3 +216,41 @@ def test_wait_for_room_holds_until_a_request_leaves(setup):
     loop.step()
     assert released.wait(5)
     waiter.join()
+
+
+def test_tokens_wait_behind_an_unacknowledged_chunk_and_leave_together(tmp_path):
+    """One detokenizer request per token while the detokenizer keeps up; fewer, larger ones when it
+    does not."""
+    rows = open_rows(ack_table_path(7, 1, tmp_path), 1, SLOTS)
+    engine, client = ScriptedEngine(), Client()
+    loop = GenerationLoop(engine, client, context_window=8, poll_s=0,
+                          delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=60.0))
+    detokenizer = Acknowledger(1, tmp_path)
+    loop.submit("s", GenerationRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
+                                       delivery_acknowledged=True))
+    (request_id,) = engine.added
+    acknowledge_all = lambda: detokenizer.acknowledge(np.array([c.delivery for c in client.chunks["s"]]))
+
+    engine.emit(request_id, [100])
+    loop.step()
+    acknowledge_all()
+    engine.emit(request_id, [101])
+    loop.step()  # acknowledged in time: the next token goes out at once
+    assert [c.output_ids for c in client.chunks["s"]] == [[100], [101]]
+
+    for token in (102, 103, 104):  # [101] is still in the detokenizer's queue
+        engine.emit(request_id, [token])
+        loop.step()
+    assert [c.output_ids for c in client.chunks["s"]] == [[100], [101]]
+    acknowledge_all()
+    loop.step()  # no new token: the held ones leave as soon as the acknowledgement is seen
+    assert [c.output_ids for c in client.chunks["s"]] == [[100], [101], [102, 103, 104]]
+    assert client.chunks["s"][-1].context_ids == [100, 101]
+
+    engine.emit(request_id, [105])
+    loop.step()  # [102, 103, 104] not acknowledged yet, but the end never waits
+    engine.emit(request_id, [106], finished=True)
+    loop.step()
+    assert [c.output_ids for c in client.chunks["s"][3:]] == [[105, 106]]
+    assert client.chunks["s"][-1].finish_reason == FINISH_LENGTH
+    assert loop.load().active_sequences == 0

@@ -20,7 +20,7 @@ LAYERS = [
     {"errors", "threads"},
     {"engines"},
     {"inputs", "shared_tables", "ragged", "devices", "model_sources", "stopping", "load", "trtllm_contract"},
-    {"tokenization", "encoding", "detokenization", "delivery", "balancing", "generation_request"},
+    {"tokenization", "encoding", "detokenization", "delivery", "balancing", "generation_request", "core_sharing"},
     {"pooling", "generation"},
     {"fanout"},
     {"model_config"},

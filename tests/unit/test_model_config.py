@@ -36,8 +36,8 @@ def test_the_kinds_are_the_committed_models():
 def test_missing_parameters_take_their_defaults():
     config = parse("llm", {"balancing": "none"})
     assert config == LLMConfig(balancing="none")
-    assert (config.engine, config.max_active_requests, config.stream_interval) == ("hf", 16, 1)
-    assert config.engine_config() == EngineConfig(max_num_seqs=64, kv_cache_tokens=16384, max_batch_tokens=512,
+    assert (config.engine, config.max_active_requests, config.stream_interval) == ("hf", 256, 1)
+    assert config.engine_config() == EngineConfig(max_num_seqs=256, kv_cache_tokens=32768, max_batch_tokens=512,
                                                   dtype="auto")
 
 
@@ -51,7 +51,7 @@ def test_configs_are_frozen():
                               "(default 'hf')"),
     ("llm", "dtype", "fp8", f"parameter dtype: 'fp8' is not allowed; it must be one of {', '.join(DTYPES)}"),
     ("llm", "kv_cache_tokens", "-1", "parameter kv_cache_tokens: '-1' is not allowed; it must be an integer >= 0 "
-                                     "(default 16384)"),
+                                     "(default 32768)"),
     ("llm", "max_num_seqs", "1.5", "parameter max_num_seqs: '1.5' is not allowed; it must be an integer >= 1"),
     ("tokenizer", "max_text_bytes", "", "parameter max_text_bytes: '' is not allowed; it must be an integer >= 1"),
     ("encoder", "num_threads", "all", "parameter num_threads: 'all' is not allowed; it must be an integer >= 0"),

@@ -1,14 +1,27 @@
+import os
+
 import triton_glue
 from tritonfront import devices, model_sources
+from tritonfront.core_sharing import CoreShare
 from tritonfront.encoding import RaggedEncoder
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = triton_glue.load_config(args, "encoder")
-        device = devices.configure_torch(args, config.num_threads)
+        cores = config.num_threads or os.cpu_count() or 1
+        device = devices.configure_torch(args, cores)
         self.encoder = RaggedEncoder.from_folder(model_sources.model_dir(config.model_source), device=device,
                                                  max_batch_tokens=config.max_batch_tokens)
+        self.cores = None
+        if device == "cpu" and config.threads == "share":
+            index, instances = devices.instance_rank(args)
+            # The stub's parent is tritonserver: a table per model per server.
+            self.cores = CoreShare.for_instance(args["model_name"], index, instances, os.getppid(), cores)
+            self.cores.attach(self.encoder.model)
 
     def execute(self, requests):
-        return triton_glue.execute_batch(requests, self.encoder.parse, self.encoder.encode_requests)
+        if self.cores is None:
+            return triton_glue.execute_batch(requests, self.encoder.parse, self.encoder.encode_requests)
+        with self.cores.computing():
+            return triton_glue.execute_batch(requests, self.encoder.parse, self.encoder.encode_requests)

@@ -17,7 +17,7 @@ class TritonPythonModel:
         device = devices.configure_torch(args, config.num_threads)
         self.engine = create_engine(config.engine, model_sources.model_dir(config.model_source), device,
                                     config.engine_config())
-        rank, ranks = balancing.instance_rank(args)
+        rank, ranks = devices.instance_rank(args)
         # The stub's parent is tritonserver: a table per model per server.
         self.table = balancing.LoadTable.for_model(args["model_name"], rank, ranks, server_pid=os.getppid())
         self.gate = None

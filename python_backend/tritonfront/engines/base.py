@@ -66,8 +66,8 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    max_num_seqs: int = 64  # sequences in one forward pass
-    kv_cache_tokens: int = 16384  # 0: let the engine size its KV cache from free memory
+    max_num_seqs: int = 256  # sequences in one forward pass
+    kv_cache_tokens: int = 32768  # 0: let the engine size its KV cache from free memory
     max_batch_tokens: int = 512  # prefill chunk budget of one forward pass
     dtype: str = "auto"  # one of DTYPES
     attention: str = "varlen"  # one of ATTENTIONS; only the transformers engine reads it

