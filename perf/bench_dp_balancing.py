@@ -17,9 +17,7 @@ of the ranks' mean load (the issue's measure) and, alongside, the median of the 
 max/min where both ranks hold work. Targets (from the issue): mean TTFT >= 20% lower with
 balancing, max/min rank token load <= 1.1.
 """
-import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -27,10 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-import generate_setup
-import report
-import serving
-import stream_load
+from harness import report
+from harness.accounting import model_cpu_seconds
+from harness.clients.kserve import llm_inputs
+from harness.corpora import synthetic_prompt_ids, uniform_lengths
+from harness.deploy import write_deployment
+from harness.load import streaming
+from harness.ranks import RankLoad, load_ratio, sequence_skew
+from harness.server import benchmark_server
 from tritonfront import balancing
 
 BALANCED, DEFAULT = "llm", "llm_none"
@@ -38,36 +40,36 @@ VARIANTS = {BALANCED: "tokens", DEFAULT: "none (Triton)"}
 
 
 def workload(count: int, seed: int, prompt_range: tuple[int, int], max_tokens_range: tuple[int, int]):
-    lengths = generate_setup.uniform_lengths(count, *prompt_range, seed=seed)
-    max_tokens = generate_setup.uniform_lengths(count, *max_tokens_range, seed=seed + 1000)
-    prompts = generate_setup.prompt_ids(lengths, seed=seed)
-    return [stream_load.Request(stream_load.llm_inputs(ids, n), {"prompt": len(ids), "max_tokens": n})
+    lengths = uniform_lengths(count, *prompt_range, seed=seed)
+    max_tokens = uniform_lengths(count, *max_tokens_range, seed=seed + 1000)
+    prompts = synthetic_prompt_ids(lengths, seed=seed)
+    return [streaming.Request(llm_inputs(ids, n, stream=True), {"prompt": len(ids), "max_tokens": n})
             for ids, n in zip(prompts, max_tokens)]
 
 
 def warm_up(url: str) -> None:
     requests = workload(4, 999, (20, 200), (4, 8))
     for model in VARIANTS:
-        asyncio.run(stream_load.open_loop(url, model, requests, 100.0, connections=2))
+        asyncio.run(streaming.open_loop(url, model, requests, 100.0, connections=2))
 
 
 def run_round(server, samplers, requests, rate: float, seed: int, order: list[str]) -> dict:
     out = {}
     for model in order:
-        cpu = {m: generate_setup.model_cpu_seconds(server, m) for m in VARIANTS}
+        cpu = {m: model_cpu_seconds(server.pid, m) for m in VARIANTS}
         start = time.perf_counter()
-        records = asyncio.run(stream_load.open_loop(server.grpc_url, model, requests, rate, seed=seed))
+        records = asyncio.run(streaming.open_loop(server.grpc_url, model, requests, rate, seed=seed))
         end = max((r.done for r in records if r.done), default=time.perf_counter())
         wall = time.perf_counter() - start
-        cores = {m: (generate_setup.model_cpu_seconds(server, m) - cpu[m]) / wall for m in VARIANTS}
+        cores = {m: (model_cpu_seconds(server.pid, m) - cpu[m]) / wall for m in VARIANTS}
         # Rank load while requests arrive, when placement decides it; the drain after the last
         # arrival is one rank finishing its last long request, which no placement can spread.
         arrivals_end = max(r.scheduled for r in records)
         table = samplers[model]
-        load = generate_setup.load_ratio(table.between(start, arrivals_end))
-        load.update(generate_setup.sequence_skew(table.between(start, arrivals_end, balancing.WAITING),
-                                                 table.between(start, arrivals_end, balancing.ACTIVE)))
-        s = stream_load.summary(records)
+        load = load_ratio(table.field_between(start, arrivals_end))
+        load.update(sequence_skew(table.field_between(start, arrivals_end, balancing.WAITING),
+                                  table.field_between(start, arrivals_end, balancing.ACTIVE)))
+        s = streaming.summary(records)
         s.update(load, seconds=end - start, tokens_per_s=s["tokens"] / (end - start), ranks_cpu=cores[model],
                  idle_variant_cpu=sum(c for m, c in cores.items() if m != model))
         out[model] = {"summary": s, "records": records, "window": (start, end)}
@@ -84,7 +86,7 @@ def run_round(server, samplers, requests, rate: float, seed: int, order: list[st
 
 def pooled(rounds: list[dict], model: str) -> dict:
     records = [r for rnd in rounds for r in rnd[model]["records"]]
-    s = stream_load.summary(records)
+    s = streaming.summary(records)
     seconds = sum(rnd[model]["summary"]["seconds"] for rnd in rounds)
     s["tokens_per_s"] = s["tokens"] / seconds
     s["mean_ratio"] = statistics.median(rnd[model]["summary"]["mean_ratio"] for rnd in rounds)
@@ -115,26 +117,21 @@ def plot(rounds: list[dict], samplers: dict, pooled_stats: dict):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=float, default=1.4, help="Poisson arrivals per second (both ranks together)")
-    parser.add_argument("--requests", type=int, default=32, help="per round and variant")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--prompt-tokens", default="20,200", help="uniform range of prompt lengths")
-    parser.add_argument("--max-tokens", default="8,64", help="uniform range of max_tokens")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    args = parser.parse_args()
+    args, rep = report.start(
+        __doc__, "bench_dp_balancing", "DP placement of llm requests: token-balanced vs Triton's default",
+        rate=(1.4, "Poisson arrivals per second (both ranks together)"), requests=(32, "per round and variant"),
+        rounds=6, prompt_tokens=("20,200", "uniform range of prompt lengths"),
+        max_tokens=("8,64", "uniform range of max_tokens"), threads=(1, "torch threads per rank"))
     prompt_range = tuple(int(x) for x in args.prompt_tokens.split(","))
     max_tokens_range = tuple(int(x) for x in args.max_tokens.split(","))
-
-    rep = report.Report("bench_dp_balancing", "DP placement of llm requests: token-balanced vs Triton's default")
     out = Path(tempfile.mkdtemp(prefix="bench_dp_"))
-    repositories = generate_setup.deployment(
+    repositories = write_deployment(
         out, "--dp", "2", "--set", f"llm.num_threads={args.threads}", "--set", "llm.kv_cache_tokens=8192",
-        copies={DEFAULT: {"balancing": "none"}})
+        llm_copies={DEFAULT: {"balancing": "none"}})
     rounds = []
-    with serving.benchmark_server("bench_dp_balancing", list(VARIANTS), repositories) as server:
+    with benchmark_server("bench_dp_balancing", list(VARIANTS), repositories) as server:
         warm_up(server.grpc_url)
-        samplers = {model: generate_setup.RankLoad(server, model, ranks=2) for model in VARIANTS}
+        samplers = {model: RankLoad(server, model, ranks=2) for model in VARIANTS}
         for sampler in samplers.values():
             sampler.start()
         for k in range(args.rounds):
@@ -144,13 +141,9 @@ def main() -> None:
             rounds.append(run_round(server, samplers, requests, args.rate, seed=100 + k, order=order))
         for sampler in samplers.values():
             sampler.stop()
-        server_log_errors = [line for line in server.log().splitlines()
-                             if (line[:1] == "E" and line[1:5].isdigit() and "CudaDriverHelper" not in line)
-                             or "Segmentation" in line]
+        server_log_errors = server.error_lines()
 
-    serving.RAW.mkdir(parents=True, exist_ok=True)
-    (serving.RAW / "bench_dp_balancing.json").write_text(json.dumps(
-        [{m: rnd[m]["summary"] for m in VARIANTS} for rnd in rounds], indent=1))
+    report.write_raw("bench_dp_balancing", [{m: rnd[m]["summary"] for m in VARIANTS} for rnd in rounds])
     stats = {model: pooled(rounds, model) for model in VARIANTS}
 
     rep.add(f"`llm` (balancing \"tokens\") vs `llm_none` (balancing \"none\": Triton's placement), each 2 DP ranks "

@@ -17,25 +17,19 @@ after another until one answers exactly as the same server did before the kill. 
 flight that gets no final response within `--hang-s` is counted hung (its client then cancels
 it).
 """
-import argparse
-import json
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 from collections import Counter
+from pathlib import Path
 
-import report
-import serving
-
-sys.path.insert(0, str(serving.ROOT / "tests" / "integration"))
-
-from faults import PIPELINES, kill_under_load  # noqa: E402
-from generate_client import GENERATE_MODELS, write_deployment  # noqa: E402
+from harness import report
+from harness.deploy import ALL_MODELS, GENERATE_MODELS, write_deployment
+from harness.faults import PIPELINES, kill_under_load
+from harness.paths import COMMITTED
+from harness.server import benchmark_server
 from tritonfront.watchdog import StubWatchdog, live_stubs
 
-MODELS = ["tokenizer", "encoder", "pooler", "embed", "llm_tokenizer", "llm", "detokenizer", "generate"]
 # (killed model, what the load goes through)
 TARGETS = [(m, PIPELINES[m]) for m in PIPELINES] + [("llm", "llm")]
 
@@ -50,10 +44,7 @@ def seconds(values: list, hung: bool = False) -> str:
 
 
 def merged(counters) -> Counter:
-    total = Counter()
-    for counter in counters:
-        total.update(counter)
-    return total
+    return sum(counters, Counter())
 
 
 def row_figures(results: list) -> dict:
@@ -100,32 +91,31 @@ def plot(rows: dict, hang_s: float):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kills", type=int, default=3, help="kills per model and reload")
-    parser.add_argument("--clients", type=int, default=3, help="closed-loop clients during each kill")
-    parser.add_argument("--hang-s", type=float, default=30.0, help="a request in flight longer after the kill hung")
-    parser.add_argument("--recover-s", type=float, default=180.0, help="longest wait for a correct answer")
-    parser.add_argument("--models", nargs="+", help="model:via pairs (via: embed, generate or llm); default: "
-                        "every model through its ensemble, and llm through llm (with --dp: the llm rows only)")
-    parser.add_argument("--dp", type=int, default=1, help="llm ranks: above 1, scripts/configure.py's deployment "
-                        "of the generate pipeline with that many (one torch thread each)")
-    parser.add_argument("--how", nargs="+", default=["unload_load", "override"], choices=["unload_load", "override"],
-                        help="the watchdog's reloads, alternating kill by kill")
+    parser = report.argument_parser(
+        __doc__, kills=(3, "kills per model and reload"), clients=(3, "closed-loop clients during each kill"),
+        hang_s=(30.0, "a request in flight longer after the kill hung"),
+        recover_s=(180.0, "longest wait for a correct answer"),
+        models=(None, "model:via pairs (via: embed, generate or llm); default: every model through its ensemble, "
+                "and llm through llm (with --dp: the llm rows only)", {"nargs": "+"}),
+        dp=(1, "llm ranks: above 1, scripts/configure.py's deployment of the generate pipeline with that many (one "
+            "torch thread each)"),
+        how=(["unload_load", "override"], "the watchdog's reloads, alternating kill by kill",
+             {"choices": ["unload_load", "override"]}))
     args = parser.parse_args()
     default = TARGETS if args.dp == 1 else [t for t in TARGETS if t[0] == "llm"]
     targets = [tuple(pair.split(":")) for pair in args.models] if args.models else default
     name = "bench_faults" if args.dp == 1 else f"bench_faults_dp{args.dp}"
-    repositories, models = serving.COMMITTED, MODELS
+    repositories, models = COMMITTED, ALL_MODELS
     if args.dp > 1:
         repositories = write_deployment(Path(tempfile.mkdtemp(prefix="bench_faults_")), "--dp", str(args.dp),
                                         "--set", "llm.num_threads=1")
         models = list(GENERATE_MODELS)
 
     rep = report.Report(name, "A Python stub killed under load: in-flight requests and recovery"
-                        + ("" if args.dp == 1 else f", llm with {args.dp} DP ranks"))
+                        + ("" if args.dp == 1 else f", llm with {args.dp} DP ranks"), args.publish)
     rows: dict[str, list] = {}
     log: list[str] = []
-    with serving.benchmark_server(name, models, repositories) as server:
+    with benchmark_server(name, models, repositories) as server:
         watchdog = StubWatchdog(server.process.pid, server.http_url, log=lambda line: (log.append(line), print(line)))
         watchdog.start()
         try:
@@ -146,16 +136,12 @@ def main() -> None:
             stubs_left = Counter(model for model, _ in live_stubs(server.process.pid).values())
         finally:
             watchdog.stop()
-        server_errors = sorted({line.split("] ", 1)[-1][:200] for line in server.log().splitlines()
-                                if line[:1] == "E" and line[1:5].isdigit() and "CUDA" not in line
-                                and "CudaDriverHelper" not in line})
+        server_errors = sorted({line.split("] ", 1)[-1][:200] for line in server.error_lines()})
 
     figures = {label: row_figures(results) for label, results in rows.items()}
-    serving.RAW.mkdir(parents=True, exist_ok=True)
-    (serving.RAW / "bench_faults.json").write_text(json.dumps(
-        {label: {**f, "errors": merged(r.errors() for r in rows[label]),
-                 "errors_after": merged(r.errors(r.after) for r in rows[label])}
-         for label, f in figures.items()}, indent=1, default=str))
+    report.write_raw(name, {label: {**f, "errors": merged(r.errors() for r in rows[label]),
+                                    "errors_after": merged(r.errors(r.after) for r in rows[label])}
+                            for label, f in figures.items()})
 
     rep.add(f"{args.kills} kills per row, {args.clients} closed-loop clients each (gRPC), hung = no final "
             f"response {args.hang_s:g} s after the kill. Triton 2.51's Python backend never restarts a stub; "

@@ -15,18 +15,16 @@ Then perf_analyzer (C++, so the client costs the server less CPU) against `gener
 --streaming at a few concurrencies; TTFT/ITL come from its --profile-export-file (per-response
 timestamps and outputs), computed the same way. Report only, no target.
 """
-import argparse
 import asyncio
-import json
 import time
 
-import numpy as np
-
-import generate_setup
-import report
-import serving
-import stream_load
-from analyzer import run_perf_analyzer
+from harness import observe, report
+from harness.analyzer import run_perf_analyzer, streaming_export_stats, write_input
+from harness.clients.kserve import generate_inputs
+from harness.corpora import synthetic_prompts
+from harness.load import streaming
+from harness.paths import RAW
+from harness.server import benchmark_server
 
 MODEL = "generate"
 COMPOSING = ["llm_tokenizer", "llm", "detokenizer"]
@@ -38,17 +36,18 @@ def max_tokens_of(i: int, mean: int) -> int:
     return mean + round(mean * 0.25 * ((i * 7919) % 101 / 50 - 1))
 
 
-async def sweep(url: str, texts: list[str], max_tokens: int, levels: list[int], duration: float, observe) -> list:
-    requests = [stream_load.Request(stream_load.generate_inputs(t, max_tokens_of(i, max_tokens)))
+async def sweep(server, texts: list[str], max_tokens: int, levels: list[int], duration: float) -> list:
+    url = server.grpc_url
+    requests = [streaming.Request(generate_inputs(t, max_tokens_of(i, max_tokens), stream=True))
                 for i, t in enumerate(texts)]
     warm = [requests[i] for i in range(4)]
-    await stream_load.open_loop(url, MODEL, warm, 100.0, connections=2, reader=stream_load.read_generate())
+    await streaming.open_loop(url, MODEL, warm, 100.0, connections=2, reader=streaming.read_generate())
     results = []
     for c in levels:
-        finish, cpu = observe(), time.process_time()
-        records, seconds = await stream_load.closed_loop(url, MODEL, lambda i: requests[i % len(requests)], c, duration,
-                                                         reader=stream_load.read_generate())
-        s = stream_load.summary(records)
+        finish, cpu = observe.step(server, COMPOSING), time.process_time()
+        records, seconds = await streaming.closed_loop(url, MODEL, lambda i: requests[i % len(requests)], c, duration,
+                                                       reader=streaming.read_generate())
+        s = streaming.summary(records)
         s.update(concurrency=c, seconds=seconds, tokens_per_s=s["tokens"] / seconds, requests_per_s=s["ok"] / seconds,
                  tokens_per_request=s["tokens"] / max(1, s["ok"]), server=finish(),
                  client_cpu=(time.process_time() - cpu) / seconds)
@@ -59,44 +58,9 @@ async def sweep(url: str, texts: list[str], max_tokens: int, levels: list[int], 
     return results
 
 
-def perf_analyzer_input(texts: list[str], max_tokens: int, path):
-    path.write_text(json.dumps({"data": [{"text_input": [t], "max_tokens": [max_tokens_of(i, max_tokens)],
-                                          "stream": [True]} for i, t in enumerate(texts)]}))
-    return path
-
-
-def export_stats(path) -> list[dict]:
-    """TTFT/ITL/tokens per concurrency from perf_analyzer's profile export: every request's send
-    timestamp and each response's timestamp (ns) and outputs. TTFT: to the first response with
-    text; ITL: between responses whose completion_tokens grew, per token."""
-    data = json.loads(path.read_text())
-    out = []
-    for experiment in data["experiments"]:
-        ttft, gaps, tokens, first_send, last_response, failed = [], [], 0, None, 0, 0
-        for request in experiment["requests"]:
-            sent, seen, previous, first = request["timestamp"], 0, None, None
-            for at, output in zip(request.get("response_timestamps", []), request.get("response_outputs", [])):
-                count = int(output.get("completion_tokens", seen))
-                if first is None and output.get("text_output"):
-                    first = at
-                if count > seen:
-                    if previous is not None:
-                        gaps.append((at - previous) / 1e6 / (count - seen))
-                    previous, seen = at, count
-            if first is None:
-                failed += 1
-                continue
-            first_send = sent if first_send is None else min(first_send, sent)
-            last_response = max(last_response, request["response_timestamps"][-1])
-            ttft.append((first - sent) / 1e6)
-            tokens += seen
-        seconds = (last_response - first_send) / 1e9 if first_send is not None else float("nan")
-        out.append({"concurrency": experiment["experiment"]["value"], "requests": len(ttft), "failed": failed,
-                    "ttft_mean": float(np.mean(ttft)) if ttft else float("nan"),
-                    "ttft_p50": stream_load.percentile(ttft, 50), "ttft_p99": stream_load.percentile(ttft, 99),
-                    "itl_mean": float(np.mean(gaps)) if gaps else float("nan"),
-                    "itl_p99": stream_load.percentile(gaps, 99), "tokens_per_s": tokens / seconds})
-    return out
+def perf_analyzer_input(texts: list[str], max_tokens: int):
+    return write_input([{"text_input": [t], "max_tokens": [max_tokens_of(i, max_tokens)], "stream": [True]}
+                        for i, t in enumerate(texts)], RAW / "pa_generate.json")
 
 
 def plot(results: list[dict], pa: list[dict]):
@@ -116,38 +80,30 @@ def plot(results: list[dict], pa: list[dict]):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--concurrency", default="1,4,16,32")
-    parser.add_argument("--duration", type=float, default=45.0, help="seconds of sending per concurrency")
-    parser.add_argument("--prompt-tokens", type=int, default=96)
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--texts", type=int, default=256)
-    parser.add_argument("--pa-concurrency", default="1,8", help="perf_analyzer levels ('' to skip)")
-    parser.add_argument("--pa-requests", type=int, default=12, help="perf_analyzer requests per measurement window")
-    args = parser.parse_args()
+    args, rep = report.start(
+        __doc__, "bench_generate", "generate ensemble: streaming TTFT, ITL and tokens/s over concurrency",
+        concurrency="1,4,16,32", duration=(45.0, "seconds of sending per concurrency"), prompt_tokens=96,
+        max_tokens=48, texts=256, pa_concurrency=("1,8", "perf_analyzer levels ('' to skip)"),
+        pa_requests=(12, "perf_analyzer requests per measurement window"))
     levels = [int(c) for c in args.concurrency.split(",")]
-
-    rep = report.Report("bench_generate", "generate ensemble: streaming TTFT, ITL and tokens/s over concurrency")
-    texts = generate_setup.prompt_texts(args.texts, args.prompt_tokens, seed=7)
-    pa_input = perf_analyzer_input(texts, args.max_tokens, serving.RAW / "pa_generate.json")
-    pa_export = serving.RAW / "pa_generate_export.json"
+    texts = synthetic_prompts(args.texts, args.prompt_tokens, seed=7)
+    pa_input = perf_analyzer_input(texts, args.max_tokens)
+    pa_export = RAW / "pa_generate_export.json"
     pa_rows, pa_stats = [], []
-    with serving.benchmark_server("bench_generate", [*COMPOSING, MODEL]) as server:
-        results = asyncio.run(sweep(server.grpc_url, texts, args.max_tokens, levels, args.duration,
-                                    serving.composing_observer(server, COMPOSING)))
+    with benchmark_server("bench_generate", [*COMPOSING, MODEL]) as server:
+        results = asyncio.run(sweep(server, texts, args.max_tokens, levels, args.duration))
         for c in [int(c) for c in args.pa_concurrency.split(",") if c]:
             pa_export.unlink(missing_ok=True)
             # Time windows report nothing when a window is shorter than a request: count windows.
             pa_rows += run_perf_analyzer(server.grpc_url, MODEL, pa_input, "--streaming", f"--concurrency-range={c}",
                                          "--measurement-mode=count_windows",
                                          f"--measurement-request-count={max(args.pa_requests, 2 * c)}",
-                                         f"--profile-export-file={pa_export}", name=f"generate_c{c}", max_trials=3)
+                                         f"--profile-export-file={pa_export}", name=f"generate_c{c}",
+                                         out_dir=rep.directory, max_trials=3)
             if pa_export.exists():
-                pa_stats += export_stats(pa_export)
-        crashed = "Segmentation" in server.log() or not server.is_ready()
-    serving.RAW.mkdir(parents=True, exist_ok=True)
-    (serving.RAW / "bench_generate.json").write_text(json.dumps({"client": results, "perf_analyzer": pa_stats},
-                                                                 indent=1, default=str))
+                pa_stats += streaming_export_stats(pa_export)
+        crashed = server.crashed()
+    report.write_raw("bench_generate", {"client": results, "perf_analyzer": pa_stats})
 
     rep.add(f"`generate` ensemble, committed deployment (llm 1 instance with torch on all cores, detokenizer 2 "
             f"instances). {len(texts)} different raw-text prompts of {args.prompt_tokens} tokens, max_tokens "

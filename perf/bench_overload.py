@@ -13,7 +13,6 @@ UNAVAILABLE "Exceeds maximum queue size"), timed out in a queue, or failed.
 
     python perf/bench_overload.py            # about 5 minutes on 2 cores
 """
-import argparse
 import asyncio
 import statistics
 import time
@@ -21,28 +20,28 @@ import time
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
-import flood
-import report
-import serving
-import texts as bench_texts
+from harness import report
+from harness.clients.kserve import generate_inputs, text_inputs
+from harness.corpora import PROMPTS as ALL_PROMPTS, synthetic_texts
+from harness.deploy import ALL_MODELS
+from harness.load import unary
+from harness.load.outcomes import FAILED, REJECTED, SERVED, TIMED_OUT, Outcome, count, latency_ms
+from harness.server import benchmark_server
 
-MODELS = ["tokenizer", "encoder", "pooler", "embed", "llm_tokenizer", "llm", "detokenizer", "generate"]
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
-           "1, 2, 3, 4, 5,", "The three primary colors are", "Water boils at", "Here is a haiku about autumn:",
-           "Q: What is the opposite of hot?\nA:"]
-
-
-async def probe(send: flood.Send, count: int) -> list[flood.Outcome]:
-    return [await send(i, time.perf_counter()) for i in range(count)]
+PROMPTS = [ALL_PROMPTS[i] for i in (0, 1, 2, 3, 4, 6, 7, 10)]
 
 
-async def run_pipeline(name: str, url: str, send: flood.Send, concurrency: int, capacity_s: float,
+async def probe(send: unary.Send, requests: int) -> list[Outcome]:
+    return [await send(i, time.perf_counter()) for i in range(requests)]
+
+
+async def run_pipeline(name: str, url: str, send: unary.Send, concurrency: int, capacity_s: float,
                        flood_s: float, factor: float, probes: int) -> dict:
     before = await probe(send, probes)
-    rate = await flood.capacity(send, concurrency, capacity_s)
+    rate = await unary.capacity(send, concurrency, capacity_s)
     print(f"{name}: capacity {rate:.2f} requests/s with {concurrency} clients", flush=True)
     await asyncio.sleep(2)
-    outcomes = await flood.flood(send, factor * rate, flood_s, seed=1)
+    outcomes = await unary.flood(send, factor * rate, flood_s, seed=1)
     after = await probe(send, probes)
     async with grpcclient.InferenceServerClient(url) as client:
         ready = await client.is_server_ready()
@@ -52,29 +51,30 @@ async def run_pipeline(name: str, url: str, send: flood.Send, concurrency: int, 
 
 def row(result: dict) -> list:
     outcomes = result["outcomes"]
-    count = {kind: sum(o.kind == kind for o in outcomes)
-             for kind in (flood.SERVED, flood.REJECTED, flood.TIMED_OUT, flood.FAILED)}
+    kinds = count(outcomes)
     before = statistics.median(o.latency_s * 1000 for o in result["before"])
     after = statistics.median(o.latency_s * 1000 for o in result["after"])
-    rejected = [o.latency_s * 1000 for o in outcomes if o.kind == flood.REJECTED]
-    result.update(count=count, before_ms=before, after_ms=after,
-                  rejection_p99=float(np.percentile(rejected, 99)) if rejected else float("nan"))
+    rejected = [o.latency_s * 1000 for o in outcomes if o.kind == REJECTED]
+    # Everything that was neither served nor turned away at the door (timed out in a queue apart).
+    failed = sum(n for kind, n in kinds.items() if kind not in (SERVED, REJECTED, TIMED_OUT))
+    result.update(count=kinds, failed=failed, before_ms=before, after_ms=after,
+                  rejection_p99=latency_ms(outcomes, REJECTED, 99))
     return [result["name"], f"{result['capacity']:.2f}", f"{result['rate']:.2f}", len(outcomes),
-            count[flood.SERVED], count[flood.REJECTED], count[flood.TIMED_OUT], count[flood.FAILED],
-            flood.latency_ms(outcomes, flood.SERVED, 50), flood.latency_ms(outcomes, flood.SERVED, 99),
-            flood.latency_ms(outcomes, flood.REJECTED, 50), result["rejection_p99"],
+            kinds[SERVED], kinds[REJECTED], kinds[TIMED_OUT], failed,
+            latency_ms(outcomes, SERVED, 50), latency_ms(outcomes, SERVED, 99),
+            latency_ms(outcomes, REJECTED, 50), result["rejection_p99"],
             max(rejected, default=float("nan")), before, after, f"{after / before:.2f}",
-            "yes" if result["ready"] else "NO", "yes" if all(o.kind == flood.SERVED for o in result["after"]) else "NO"]
+            "yes" if result["ready"] else "NO", "yes" if all(o.kind == SERVED for o in result["after"]) else "NO"]
 
 
 def plot(results: list[dict]):
     fig, axes = report.plt.subplots(1, len(results), figsize=(7 * len(results), 4.2), squeeze=False)
-    colors = {flood.SERVED: "tab:blue", flood.REJECTED: "tab:orange", flood.TIMED_OUT: "tab:red",
-              flood.FAILED: "black"}
+    colors = {SERVED: "tab:blue", REJECTED: "tab:orange", TIMED_OUT: "tab:red"}
     for ax, result in zip(axes[0], results):
         start = min(o.scheduled for o in result["outcomes"])
-        for kind, color in colors.items():
-            points = [(o.scheduled - start, o.latency_s * 1000) for o in result["outcomes"] if o.kind == kind]
+        for kind, color in [*colors.items(), (FAILED, "black")]:
+            points = [(o.scheduled - start, o.latency_s * 1000) for o in result["outcomes"]
+                      if o.kind == kind or (kind == FAILED and o.kind not in colors)]
             if points:
                 xs, ys = zip(*points)
                 ax.scatter(xs, ys, s=6, color=color, label=f"{kind} ({len(points)})")
@@ -86,18 +86,18 @@ def plot(results: list[dict]):
 
 
 async def main_async(args, server) -> tuple[list[dict], dict]:
-    texts = bench_texts.synthetic_texts(512, 90, seed=3)
+    texts = synthetic_texts(512, 90, seed=3)
     prompts = PROMPTS
     checks = {}
     async with grpcclient.InferenceServerClient(server.grpc_url) as client:
-        prebuilt = [flood.embed_inputs([t]) for t in texts]
+        prebuilt = [text_inputs([t]) for t in texts]
 
         async def embed(number, scheduled):
-            return await flood.embed_once(client, prebuilt[number % len(prebuilt)], scheduled)
+            return await unary.embed_once(client, prebuilt[number % len(prebuilt)], scheduled)
 
         async def generate(number, scheduled):
-            inputs = flood.generate_inputs(prompts[number % len(prompts)], args.max_tokens)
-            return await flood.generate_once(client, inputs, scheduled)
+            inputs = generate_inputs(prompts[number % len(prompts)], args.max_tokens, stream=False)
+            return await unary.generate_once(client, inputs, scheduled)
 
         await probe(embed, 16)  # warm-up
         await probe(generate, 2)
@@ -109,30 +109,26 @@ async def main_async(args, server) -> tuple[list[dict], dict]:
         ]
         references = {}
         for start in range(0, len(texts), 32):
-            outcome = await flood.embed_once(client, flood.embed_inputs(texts[start:start + 32]), time.perf_counter())
+            outcome = await unary.embed_once(client, text_inputs(texts[start:start + 32]), time.perf_counter())
             references.update(zip(range(start, start + 32), outcome.result))
     embed_result, generate_result = results
     cosines = [float(np.dot(o.result[0], references[i % len(texts)]))
-               for i, o in enumerate(embed_result["outcomes"]) if o.kind == flood.SERVED]
+               for i, o in enumerate(embed_result["outcomes"]) if o.kind == SERVED]
     checks["embed: min cosine of served embeddings vs the same texts after the flood"] = f"{min(cosines):.6f}"
     expected = {i: o.result for i, o in enumerate(generate_result["before"])}
     mismatches = sum(o.result != expected[i % len(prompts)]
-                     for i, o in enumerate(generate_result["outcomes"]) if o.kind == flood.SERVED)
+                     for i, o in enumerate(generate_result["outcomes"]) if o.kind == SERVED)
     checks["generate: served greedy texts differing from the probe's text of the same prompt"] = str(mismatches)
     return results, checks
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--factor", type=float, default=3.0, help="flood rate / measured capacity")
-    parser.add_argument("--capacity-s", type=float, default=20, help="closed-loop seconds for embed (x3 generate)")
-    parser.add_argument("--embed-flood-s", type=float, default=20)
-    parser.add_argument("--generate-flood-s", type=float, default=60)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--llm-admits", type=int, default=16, help="the llm's max_active_requests (committed: 16)")
-    args = parser.parse_args()
-    rep = report.Report("bench_overload", "Overload: queue policies under a flood at 3x measured capacity")
-    with serving.benchmark_server("bench_overload", MODELS) as server:
+    args, rep = report.start(
+        __doc__, "bench_overload", "Overload: queue policies under a flood at 3x measured capacity",
+        factor=(3.0, "flood rate / measured capacity"),
+        capacity_s=(20.0, "closed-loop seconds for embed (x3 generate)"), embed_flood_s=20.0, generate_flood_s=60.0,
+        max_tokens=32, llm_admits=(16, "the llm's max_active_requests (committed: 16)"))
+    with benchmark_server("bench_overload", ALL_MODELS) as server:
         results, checks = asyncio.run(main_async(args, server))
     rep.add(
         f"Committed configs (queue policies: model_repository/*/config.pbtxt). Per pipeline: capacity = served "
@@ -151,9 +147,9 @@ def main() -> None:
     rep.add("\n".join(f"- {k}: {v}" for k, v in checks.items()))
     lines = []
     for result in results:
-        count = result["count"]
-        accepted = count[flood.SERVED] + count[flood.TIMED_OUT] + count[flood.FAILED]
-        lines.append(f"- {result['name']}: {count[flood.SERVED]}/{accepted} accepted requests served "
+        kinds = result["count"]
+        accepted = kinds[SERVED] + kinds[TIMED_OUT] + result["failed"]
+        lines.append(f"- {result['name']}: {kinds[SERVED]}/{accepted} accepted requests served "
                      f"(target: all); rejection P99 {result['rejection_p99']:.1f} ms "
                      f"(target < 50 ms: {'met' if result['rejection_p99'] < 50 else 'MISSED'}); "
                      f"probe right after the flood {result['after_ms'] / result['before_ms']:.2f}x the idle probe")

@@ -2,57 +2,34 @@
 """perf_analyzer (Triton's own C++ load generator) against `tokenizer` (~500-token texts) and the
 `embed` ensemble (~90-token texts): a concurrency sweep and a Poisson request-rate sweep each.
 Its CSVs and console reports (which break the ensemble's latency down into each composing
-model's queue and compute time) are saved as perf/results/perf_analyzer_<model>_<mode>.csv/.txt;
-this script tabulates them in perf/results/bench_perf_analyzer.md.
+model's queue and compute time) are saved as perf_analyzer_<model>_<mode>.csv/.txt beside the
+report; this script tabulates them in bench_perf_analyzer.md.
 """
-import argparse
-import re
-
-import report
-import serving
-from analyzer import run_perf_analyzer
-from texts import synthetic_texts, write_perf_analyzer_input
-
-LEVEL = re.compile(r"^(Request concurrency|Request Rate): ([\d.]+)", re.M)
-COMPOSING = re.compile(r"^  (\w+), version: \d+\n(?:.*\n)*?\s+Avg request latency: (\d+) usec \(overhead (\d+) usec "
-                       r"\+ queue (\d+) usec \+ compute input (\d+) usec \+ compute infer (\d+) usec \+ compute "
-                       r"output (\d+) usec\)", re.M)
-
-
-def composing_breakdown(console: str) -> list[list]:
-    """Rows of (load level, model, queue ms, compute ms) from perf_analyzer's console report."""
-    rows = []
-    levels = list(LEVEL.finditer(console))
-    for i, level in enumerate(levels):
-        block = console[level.end(): levels[i + 1].start() if i + 1 < len(levels) else len(console)]
-        for m in COMPOSING.finditer(block):
-            queue, c_in, c_infer, c_out = (int(x) / 1000 for x in m.group(4, 5, 6, 7))
-            rows.append([level.group(2), m.group(1), queue, c_in + c_infer + c_out, int(m.group(2)) / 1000])
-    return rows
+from harness import report
+from harness.analyzer import composing_breakdown, run_perf_analyzer, write_text_input
+from harness.corpora import synthetic_texts
+from harness.paths import RAW
+from harness.server import benchmark_server
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokenizer-concurrency", default="16:64:16")
-    parser.add_argument("--tokenizer-rates", default="100:700:200")
-    parser.add_argument("--embed-concurrency", default="8:32:8")
-    parser.add_argument("--embed-rates", default="10:40:10")
-    parser.add_argument("--window-ms", type=int, default=4000, help="perf_analyzer -p")
-    args = parser.parse_args()
-
-    rep = report.Report("bench_perf_analyzer", "perf_analyzer: tokenizer and embed (concurrency and Poisson sweeps)")
-    inputs = {"tokenizer": write_perf_analyzer_input(synthetic_texts(512, 500), serving.RAW / "pa_tokenizer.json"),
-              "embed": write_perf_analyzer_input(synthetic_texts(512, 90, seed=1), serving.RAW / "pa_embed.json")}
+    args, rep = report.start(
+        __doc__, "bench_perf_analyzer", "perf_analyzer: tokenizer and embed (concurrency and Poisson sweeps)",
+        tokenizer_concurrency="16:64:16", tokenizer_rates="100:700:200", embed_concurrency="8:32:8",
+        embed_rates="10:40:10", window_ms=(4000, "perf_analyzer -p"))
+    inputs = {"tokenizer": write_text_input(synthetic_texts(512, 500), RAW / "pa_tokenizer.json"),
+              "embed": write_text_input(synthetic_texts(512, 90, seed=1), RAW / "pa_embed.json")}
     runs = {}
-    with serving.benchmark_server("bench_perf_analyzer", ["tokenizer", "encoder", "pooler", "embed"]) as server:
+    with benchmark_server("bench_perf_analyzer", ["tokenizer", "encoder", "pooler", "embed"]) as server:
         for model, conc, rates in (("tokenizer", args.tokenizer_concurrency, args.tokenizer_rates),
                                    ("embed", args.embed_concurrency, args.embed_rates)):
             runs[(model, "concurrency")] = run_perf_analyzer(
                 server.grpc_url, model, inputs[model], f"--concurrency-range={conc}", "--async",
-                name=f"{model}_concurrency", measurement_ms=args.window_ms)
+                name=f"{model}_concurrency", out_dir=rep.directory, measurement_ms=args.window_ms)
             runs[(model, "poisson")] = run_perf_analyzer(
                 server.grpc_url, model, inputs[model], "--request-distribution=poisson",
-                f"--request-rate-range={rates}", name=f"{model}_poisson", measurement_ms=args.window_ms)
+                f"--request-rate-range={rates}", name=f"{model}_poisson", out_dir=rep.directory,
+                measurement_ms=args.window_ms)
 
     rep.add(f"perf_analyzer -i grpc --async, one text per request (--shape text_input:1) cycling through 512 "
             f"distinct texts (--input-data), {args.window_ms} ms windows, -s 100 (a tighter stability bound is never "
@@ -69,7 +46,7 @@ def main() -> None:
               (r["Server Compute Input"] + r["Server Compute Infer"] + r["Server Compute Output"]) / 1000]
              for r in sorted(rows, key=lambda r: r.get(key, 0))]))
         if model == "embed":
-            console = (report.RESULTS / f"perf_analyzer_{model}_{mode}.txt").read_text()
+            console = (rep.directory / f"perf_analyzer_{model}_{mode}.txt").read_text()
             rep.add("Per composing model (from perf_analyzer's console report):\n")
             rep.add(report.table([key.lower(), "model", "queue ms", "compute ms", "request latency ms"],
                                  composing_breakdown(console)))
@@ -77,8 +54,7 @@ def main() -> None:
     fig, axes = report.plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, model in zip(axes, ("tokenizer", "embed")):
         for mode, style in (("concurrency", "o-"), ("poisson", "s--")):
-            rows = runs[(model, mode)]
-            rows = sorted(rows, key=lambda r: r["Inferences/Second"])
+            rows = sorted(runs[(model, mode)], key=lambda r: r["Inferences/Second"])
             ax.plot([r["Inferences/Second"] for r in rows], [r["p99 latency"] / 1000 for r in rows], style,
                     label=f"{mode} sweep")
         ax.set(xlabel="infer/s", ylabel="P99 latency (ms)", yscale="log", title=f"perf_analyzer: {model}")

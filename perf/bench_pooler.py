@@ -3,7 +3,8 @@
 (tanh, then L2 normalization, as a sentence-transformers Dense + Normalize head) for a batch of
 32 sequences of mixed lengths.
 
-  baseline: perf/pooler_baseline.py, one matmul + bias + activation + normalize per sequence
+  baseline: the loop the ragged pooler replaced, one matmul + bias + activation + normalize per
+            sequence (per_sequence_token_embeddings below)
   ragged:   RaggedBatch.concat of the batch, PoolingHead.token_embeddings (one matmul over all
             tokens), RaggedBatch.split back into sequences, as the `pooler` model does
 
@@ -11,17 +12,25 @@ The two run alternately, repetition by repetition, on the same inputs and the sa
 count; each repetition draws a fresh batch of lengths. Reported: median times and their ratio
 (target >= 3x), per thread count.
 """
-import argparse
 import statistics
 import time
 
 import numpy as np
 import torch
 
-import report
-from pooler_baseline import per_sequence_token_embeddings
-from tritonfront.pooling import DenseLayer, PoolingHead
+from harness import report
+from tritonfront.pooling import DenseLayer, PoolingHead, normalize
 from tritonfront.ragged import RaggedBatch
+
+
+@torch.inference_mode()
+def per_sequence_token_embeddings(sequences: list[np.ndarray], layer: DenseLayer, normalized: bool) -> list[torch.Tensor]:
+    """The baseline: the Dense head applied one sequence at a time, as a per-request loop would."""
+    out = []
+    for states in sequences:
+        rows = layer.activation(torch.from_numpy(states) @ layer.weight.T + layer.bias)
+        out.append(normalize(rows) if normalized else rows)
+    return out
 
 
 def make_head(hidden: int, out: int, seed: int) -> PoolingHead:
@@ -65,20 +74,12 @@ def measure(threads: int, min_len: int, max_len: int, args, head: PoolingHead) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", default="1,2", help="torch thread counts to run (the pooler model uses 1)")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lengths", default="8-256,1-16",
-                        help="length ranges to run; the target is for the first (8..256), the second shows "
-                             "where per-call overhead dominates")
-    parser.add_argument("--hidden", type=int, default=384)
-    parser.add_argument("--out", type=int, default=128)
-    parser.add_argument("--repetitions", type=int, default=400)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-
-    rep = report.Report("bench_pooler", "Pooler: ragged batched projection vs per-sequence loop (in-process)")
+    args, rep = report.start(
+        __doc__, "bench_pooler", "Pooler: ragged batched projection vs per-sequence loop (in-process)",
+        threads=("1,2", "torch thread counts to run (the pooler model uses 1)"), batch=32,
+        lengths=("8-256,1-16", "length ranges to run; the target is for the first (8..256), the second shows "
+                               "where per-call overhead dominates"),
+        hidden=384, out=128, repetitions=400, warmup=20, seed=0)
     head = make_head(args.hidden, args.out, args.seed)
     ranges = [tuple(int(x) for x in r.split("-")) for r in args.lengths.split(",")]
     runs = [measure(int(t), lo, hi, args, head) for lo, hi in ranges for t in args.threads.split(",")]

@@ -1,15 +1,16 @@
 #!/usr/bin/env python
 """The llm model's receive path: enqueue-only `execute` vs request preparation in the engine loop.
 
-Committed design (`llm`, prepare_requests_in "execute"): Triton's execute thread parses and
-validates a request and queues it into the engine; the generation loop thread only steps (takes
-the engine's outputs, sends chunks, checks cancellations). Baseline (`llm_loop`,
-prepare_requests_in "engine_loop"): execute hands the raw request over and the loop thread
-parses, validates and queues it between steps, as a scheduler loop that receives its own
-requests does. Both are copies of the same model (1 instance, torch on all cores) in one
-tritonserver, with record_step_times "true": the histogram tritonfront_llm_step_seconds holds
-the work of every loop turn once the engine's outputs are in hand (sending chunks, cancellation
-checks, load publishing, and for the baseline the preparation of the requests handed over).
+Committed design, served as `llm_step_timed` (perf/baseline_repository: the committed llm plus a
+step-time histogram): Triton's execute thread parses and validates a request and queues it into
+the engine; the generation loop thread only steps (takes the engine's outputs, sends chunks,
+checks cancellations). Baseline, `llm_prepare_in_loop` (perf/baseline_repository, built on the
+former): execute hands the raw request over and the loop thread parses, validates and queues it
+between steps, as a scheduler loop that receives its own requests does. Both run with the
+deployment's llm config (1 instance, torch on all cores) in one tritonserver; the histogram
+tritonfront_llm_step_seconds holds the work of every loop turn once the engine's outputs are in
+hand (sending chunks, cancellation checks, load publishing, and for the baseline the preparation
+of the requests handed over).
 
 Each round and variant: B background streams decode steadily (long max_tokens), then a burst of
 N requests arrives at once (short prompts, a few stop words each, so preparation does its real
@@ -20,9 +21,7 @@ and the burst's TTFT. Then the background streams are cancelled (and the engine 
 before the next measurement. Variants alternate in order from round to round. Target: enqueue-only no
 worse than in-loop (step time P99 and background ITL P99).
 """
-import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -30,33 +29,35 @@ from pathlib import Path
 
 import numpy as np
 
-import generate_setup
-import report
-import serving
-import stream_load
-from tritonfront import balancing
+from harness import report
+from harness.clients.kserve import llm_inputs
+from harness.corpora import synthetic_prompt_ids
+from harness.deploy import write_deployment
+from harness.load import streaming
+from harness.ranks import wait_idle
+from harness.server import benchmark_server
+from harness.stats import percentile
+from harness.triton_metrics import histogram, histogram_delta, histogram_quantile
 
-COMMITTED, BASELINE = "llm", "llm_loop"
+COMMITTED, BASELINE = "llm_step_timed", "llm_prepare_in_loop"
 VARIANTS = {COMMITTED: "execute (enqueue-only)", BASELINE: "engine_loop (baseline)"}
 STEP_METRIC = "tritonfront_llm_step_seconds"
 
 
 def requests(count: int, prompt_tokens: int, max_tokens: int, seed: int, stop_words: int) -> list:
     out = []
-    for ids in generate_setup.prompt_ids([prompt_tokens] * count, seed=seed):
-        inputs = stream_load.llm_inputs(ids, max_tokens)
-        if stop_words:
-            # Sequences of ids the model will not produce in a row: they cost parsing, not stops.
-            rows = np.array([[49000 + 7 * k, 49001 + 7 * k, 49002 + 7 * k if k % 2 else -1]
-                             for k in range(stop_words)], dtype=np.int32)
-            inputs.append(stream_load.tensor("stop_words_ids", rows[None]))
-        out.append(stream_load.Request(inputs))
+    for ids in synthetic_prompt_ids([prompt_tokens] * count, seed=seed):
+        # Stop sequences of ids the model will not produce in a row: they cost parsing, not stops.
+        rows = np.array([[49000 + 7 * k, 49001 + 7 * k, 49002 + 7 * k if k % 2 else -1]
+                         for k in range(stop_words)], dtype=np.int32)
+        out.append(streaming.Request(llm_inputs(ids, max_tokens, stream=True,
+                                                stop_words_ids=rows[None] if stop_words else None)))
     return out
 
 
 async def burst_round(url: str, model: str, background: list, burst: list, min_tokens: int, metrics,
                       idle) -> dict:
-    pool = stream_load.StreamPool(url, connections=8)
+    pool = streaming.StreamPool(url, connections=8)
     now = time.perf_counter()
     background_done = [pool.send(model, r, now) for r in background]
     background_records = list(pool.records.values())
@@ -64,47 +65,37 @@ async def burst_round(url: str, model: str, background: list, burst: list, min_t
         if any(e.is_set() for e in background_done):
             raise RuntimeError("a background stream ended before the burst: raise --background-tokens")
         await asyncio.sleep(0.01)
-    before = generate_setup.histogram(await asyncio.to_thread(metrics), STEP_METRIC, model)
+    before = histogram(await asyncio.to_thread(metrics), STEP_METRIC, model=model, rank="0")
     start = time.perf_counter()
     burst_done = [pool.send(model, r, start) for r in burst]
     await asyncio.wait_for(asyncio.gather(*(e.wait() for e in burst_done)), 300)
     end = time.perf_counter()
-    after = generate_setup.histogram(await asyncio.to_thread(metrics), STEP_METRIC, model)
+    after = histogram(await asyncio.to_thread(metrics), STEP_METRIC, model=model, rank="0")
     still_running = not any(e.is_set() for e in background_done)
     records = await pool.close(0.1)  # cancels the background streams: their tokens are no longer needed
     burst_records = records[len(background):]
     await asyncio.to_thread(idle)
-    steps = generate_setup.histogram_delta(before, after)
+    steps = histogram_delta(before, after)
     background_gaps = [(b - a) / n * 1000 for r in records[:len(background)]
                        for (a, _), (b, n) in zip(r.arrivals, r.arrivals[1:]) if start <= b <= end and n]
-    burst_stats = stream_load.summary(burst_records)
+    burst_stats = streaming.summary(burst_records)
     # Cross-checks the histogram's count: every engine step gives each decoding stream a token.
     tokens_in_window = statistics.median(sum(start <= t <= end for t, _ in r.arrivals) for r in records[:len(background)])
     return {
         "steps": int(steps["count"]), "bg_tokens_in_window": tokens_in_window,
         "step_buckets": steps["cumulative"].tolist(), "step_bounds": steps["le"].tolist(), "step_sum": steps["sum"], "step_mean_ms": steps["sum"] / max(1, steps["count"]) * 1000,
-        "step_p50_ms": generate_setup.histogram_quantile(steps, 0.5) * 1000,
-        "step_p99_ms": generate_setup.histogram_quantile(steps, 0.99) * 1000,
+        "step_p50_ms": histogram_quantile(steps, 0.5) * 1000,
+        "step_p99_ms": histogram_quantile(steps, 0.99) * 1000,
         "step_max_bucket_ms": float(steps["le"][np.nonzero(np.diff(np.r_[0, steps["cumulative"]]))[0][-1]] * 1000)
         if steps["count"] else float("nan"),
-        "bg_itl_p50_ms": stream_load.percentile(background_gaps, 50),
-        "bg_itl_p99_ms": stream_load.percentile(background_gaps, 99),
+        "bg_itl_p50_ms": percentile(background_gaps, 50),
+        "bg_itl_p99_ms": percentile(background_gaps, 99),
         "bg_itl_max_ms": max(background_gaps, default=float("nan")),
         "burst_ttft_mean_ms": burst_stats["ttft_mean"], "burst_ttft_p99_ms": burst_stats["ttft_p99"],
         "burst_seconds": end - start, "burst_ok": burst_stats["ok"], "burst_failed": burst_stats["failed"],
         "background_covered_burst": still_running,
         "failed": sum(not r.ok for r in burst_records),
     }
-
-
-def wait_idle(server, model: str, timeout: float = 60) -> None:
-    """Until the model's engine holds no sequence (the cancelled background streams are gone)."""
-    path = balancing.table_path(model, server.process.pid)
-    deadline = time.monotonic() + timeout
-    while np.fromfile(path, dtype=np.int64, count=len(balancing.FIELDS))[balancing.ACTIVE] > 0:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{model} still has active sequences {timeout} s after its streams were cancelled")
-        time.sleep(0.1)
 
 
 def plot(rounds: list[dict]):
@@ -122,27 +113,20 @@ def plot(rounds: list[dict]):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--background", type=int, default=8, help="streams decoding before the burst")
-    parser.add_argument("--background-tokens", type=int, default=200, help="their max_tokens")
-    parser.add_argument("--burst", type=int, default=48, help="requests arriving at once")
-    parser.add_argument("--burst-prompt", type=int, default=24, help="prompt tokens of a burst request")
-    parser.add_argument("--burst-tokens", type=int, default=4, help="max_tokens of a burst request")
-    parser.add_argument("--stop-words", type=int, default=4, help="stop sequences per burst request")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: one per core)")
-    args = parser.parse_args()
-
-    rep = report.Report("bench_receive_path", "llm receive path: enqueue-only execute vs preparation in the engine loop")
+    args, rep = report.start(
+        __doc__, "bench_receive_path", "llm receive path: enqueue-only execute vs preparation in the engine loop",
+        rounds=10, background=(8, "streams decoding before the burst"), background_tokens=(200, "their max_tokens"),
+        burst=(48, "requests arriving at once"), burst_prompt=(24, "prompt tokens of a burst request"),
+        burst_tokens=(4, "max_tokens of a burst request"), stop_words=(4, "stop sequences per burst request"),
+        threads=(0, "torch threads (0: one per core)"))
     out = Path(tempfile.mkdtemp(prefix="bench_receive_"))
-    repositories = generate_setup.deployment(
-        out, "--dp", "1", "--set", f"llm.num_threads={args.threads}", "--set", "llm.record_step_times=true",
-        copies={BASELINE: {"prepare_requests_in": "engine_loop"}})
+    repositories = write_deployment(
+        out, "--dp", "1", "--set", f"llm.num_threads={args.threads}", keep=("llm",), llm_baselines=VARIANTS)
     rounds = []
-    with serving.benchmark_server("bench_receive_path", list(VARIANTS), repositories) as server:
+    with benchmark_server("bench_receive_path", list(VARIANTS), repositories) as server:
         warm = requests(4, args.burst_prompt, 4, seed=999, stop_words=args.stop_words)
         for model in VARIANTS:
-            asyncio.run(stream_load.open_loop(server.grpc_url, model, warm, 100.0, connections=2))
+            asyncio.run(streaming.open_loop(server.grpc_url, model, warm, 100.0, connections=2))
         for k in range(args.rounds):
             background = requests(args.background, 64, args.background_tokens, seed=2 * k, stop_words=0)
             burst = requests(args.burst, args.burst_prompt, args.burst_tokens, seed=2 * k + 1,
@@ -160,12 +144,12 @@ def main() -> None:
                       flush=True)
                 time.sleep(1)
             rounds.append(results)
-        crashed = "Segmentation" in server.log() or not server.is_ready()
+        crashed = server.crashed()
 
-    serving.RAW.mkdir(parents=True, exist_ok=True)
-    (serving.RAW / "bench_receive_path.json").write_text(json.dumps(rounds, indent=1))
-    rep.add(f"One tritonserver, `llm` (prepare_requests_in \"execute\") and `llm_loop` (\"engine_loop\"), 1 instance "
-            f"each, torch threads {args.threads or 'one per core'}, record_step_times \"true\" on both. Per round and "
+    report.write_raw("bench_receive_path", rounds)
+    rep.add(f"One tritonserver, `{COMMITTED}` (the committed llm with a step-time histogram) and `{BASELINE}` "
+            f"(requests prepared by the loop thread), perf/baseline_repository, 1 instance each, torch threads "
+            f"{args.threads or 'one per core'}. Per round and "
             f"variant: {args.background} background streams (64-token prompts, max_tokens {args.background_tokens}) "
             f"decoding, then {args.burst} requests at once ({args.burst_prompt}-token prompts, max_tokens "
             f"{args.burst_tokens}, {args.stop_words} stop sequences each) over 8 gRPC streams to the llm model. "
@@ -193,7 +177,7 @@ def main() -> None:
                   "cumulative": np.sum([rnd[m]["step_buckets"] for rnd in rounds], axis=0),
                   "sum": sum(rnd[m]["step_sum"] for rnd in rounds), "count": sum(rnd[m]["steps"] for rnd in rounds)}
               for m in VARIANTS}
-    pooled_p99 = {m: generate_setup.histogram_quantile(h, 0.99) * 1000 for m, h in pooled.items()}
+    pooled_p99 = {m: histogram_quantile(h, 0.99) * 1000 for m, h in pooled.items()}
     lines = [
         "## Summary", "",
         f"- loop step P99, engine_loop / execute (median over rounds): {step:.2f}x "

@@ -9,31 +9,24 @@ Reported: the baseline's saturation rate (the lowest swept rate it cannot keep u
 models' P99 there (target: batched >= 10x lower), and each model's highest rate with P99 under
 100 ms (target: batched >= 2x).
 """
-import argparse
 import asyncio
-import json
 import math
 from dataclasses import asdict
 
-import loadgen
-import report
-import serving
-from texts import synthetic_texts
+from harness import report
+from harness.clients.kserve import single_texts
+from harness.corpora import synthetic_texts
+from harness.load.unary import LoadResult, saturated, sweep, warm_up
+from harness.observe import sweep_observer
+from harness.paths import BASELINES, COMMITTED
+from harness.server import benchmark_server
 
 BATCHED, BASELINE = "tokenizer", "tokenizer_unbatched"
 
 
-def warm_up(url: str, factory, models) -> None:
-    async def go():
-        async with loadgen.grpcclient.InferenceServerClient(url) as client:
-            for model in models:
-                await asyncio.gather(*(client.infer(model, factory(i)) for i in range(64)))
-    asyncio.run(go())
-
-
-def analyse(results: list[loadgen.LoadResult], p99_limit_ms: float) -> dict:
+def analyse(results: list[LoadResult], p99_limit_ms: float) -> dict:
     by = {m: {r.target_rps: r for r in results if r.model == m} for m in (BATCHED, BASELINE)}
-    saturated_rates = sorted(rate for rate, r in by[BASELINE].items() if loadgen.saturated(r))
+    saturated_rates = sorted(rate for rate, r in by[BASELINE].items() if saturated(r))
     sat = saturated_rates[0] if saturated_rates else None
 
     def p99_at(model):
@@ -41,7 +34,7 @@ def analyse(results: list[loadgen.LoadResult], p99_limit_ms: float) -> dict:
         return r.p99_ms if r else math.nan
 
     def best_rate(model):
-        ok = [rate for rate, r in by[model].items() if r.p99_ms < p99_limit_ms and not loadgen.saturated(r)]
+        ok = [rate for rate, r in by[model].items() if r.p99_ms < p99_limit_ms and not saturated(r)]
         return max(ok) if ok else math.nan
 
     out = {"saturation_rps": sat, "p99_at_saturation": {m: p99_at(m) for m in by},
@@ -74,26 +67,18 @@ def plot(results, summary, p99_limit_ms):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rates", default="100,200,300,400,500,600,700,800,1000,1200")
-    parser.add_argument("--duration", type=float, default=12.0, help="seconds per rate and model")
-    parser.add_argument("--texts", type=int, default=512)
-    parser.add_argument("--tokens", type=int, default=500)
-    parser.add_argument("--p99-limit-ms", type=float, default=100.0)
-    parser.add_argument("--max-total-s", type=float, default=420.0, help="cap on the sweep")
-    args = parser.parse_args()
-
-    rep = report.Report("bench_tokenizer", "Tokenizer: dynamic batching vs request-by-request (open-loop Poisson)")
+    args, rep = report.start(
+        __doc__, "bench_tokenizer", "Tokenizer: dynamic batching vs request-by-request (open-loop Poisson)",
+        rates="100,200,300,400,500,600,700,800,1000,1200", duration=(12.0, "seconds per rate and model"), texts=512,
+        tokens=500, p99_limit_ms=100.0, max_total_s=(420.0, "cap on the sweep"))
     texts = synthetic_texts(args.texts, args.tokens)
-    factory = loadgen.text_inputs(texts)
+    factory = single_texts(texts)
     rates = [float(r) for r in args.rates.split(",")]
-    with serving.benchmark_server("bench_tokenizer", [BATCHED, BASELINE],
-                                  serving.COMMITTED + [serving.BASELINES]) as server:
-        warm_up(server.grpc_url, factory, [BATCHED, BASELINE])
-        results = asyncio.run(loadgen.sweep(server.grpc_url, [BASELINE, BATCHED], factory, rates, args.duration,
-                                            max_total_s=args.max_total_s, observe=serving.step_observer(server)))
-    serving.RAW.mkdir(parents=True, exist_ok=True)
-    (serving.RAW / "bench_tokenizer.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
+    with benchmark_server("bench_tokenizer", [BATCHED, BASELINE], [*COMMITTED, BASELINES]) as server:
+        asyncio.run(warm_up(server.grpc_url, factory, [BATCHED, BASELINE]))
+        results = asyncio.run(sweep(server.grpc_url, [BASELINE, BATCHED], factory, rates, args.duration,
+                                    max_total_s=args.max_total_s, observe=sweep_observer(server)))
+    report.write_raw("bench_tokenizer", [asdict(r) for r in results])
 
     s = analyse(results, args.p99_limit_ms)
     rep.add(f"{len(texts)} distinct texts of ~{args.tokens} tokens (encoded whole, truncated to 256 by the model), "
@@ -107,7 +92,7 @@ def main() -> None:
         rows.append([r.model, r.target_rps, r.achieved_rps, f"{r.successful}/{r.total}", r.failed, r.avg_ms, r.p50_ms,
                      r.p90_ms, r.p99_ms, sv.get("mean_batch", math.nan), sv.get("queue_ms_per_request", math.nan),
                      sv.get("compute_ms_per_execution", math.nan), sv.get("server_cpu", math.nan), r.client_cpu,
-                     sv.get("other_cpu", math.nan), "yes" if loadgen.saturated(r) else ""])
+                     sv.get("other_cpu", math.nan), "yes" if saturated(r) else ""])
     rep.add(report.table(["model", "offered rps", "achieved rps", "ok/total", "failed", "avg ms", "P50 ms", "P90 ms",
                           "P99 ms", "texts/execute", "queue ms/req", "compute ms/execute", "server CPU (cores)",
                           "loadgen CPU (cores)", "other work CPU (cores)", "saturated"], rows))

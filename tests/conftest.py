@@ -1,11 +1,6 @@
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from triton_server import triton_server  # noqa: E402
+from harness.server import triton_server
 
 
 @pytest.fixture(scope="session")

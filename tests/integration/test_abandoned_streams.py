@@ -6,8 +6,12 @@ import textwrap
 import time
 
 import pytest
-from generate_client import Streams, generate_inputs, metric_values, write_deployment
-from triton_server import triton_server
+
+from harness.clients.kserve import generate_inputs
+from harness.clients.streams import Streams
+from harness.deploy import write_deployment
+from harness.server import triton_server
+from harness.triton_metrics import llm_gauges as harness_llm_gauges
 
 LONG = 1500  # tokens: at this machine's speed, minutes of work each if nothing frees them
 LIVE = 300  # tokens of the stream that goes on throughout (it must not be taken for abandoned)
@@ -28,9 +32,7 @@ def counting(n: int) -> str:
 
 
 def llm_gauges(server) -> dict[str, float]:
-    metrics = server.metrics()
-    return {name: sum(v for k, v in metric_values(metrics, f"tritonfront_llm_{name}").items() if k.startswith("llm/"))
-            for name in ("active_sequences", "kv_cache_blocks", "outstanding_tokens", "cancelled_requests_total")}
+    return harness_llm_gauges(server.metrics(), "llm")
 
 
 def wait_for(condition, timeout: float, what: str):
@@ -46,9 +48,9 @@ def dropped_connection_client(url: str, count: int) -> subprocess.Popen:
     without a cancel message."""
     prompts = [counting(100 + i) for i in range(count)]
     script = textwrap.dedent(f"""
-        import sys, time
-        sys.path[:0] = {sys.path!r}
-        from generate_client import Streams, generate_inputs
+        import time
+        from harness.clients.kserve import generate_inputs
+        from harness.clients.streams import Streams
         streams = Streams({url!r})
         for i in range({count}):
             streams.send(f"d{{i}}", generate_inputs({prompts!r}[i], {LONG}, stream=True))

@@ -2,6 +2,7 @@
 engine sends, and behind a test-only decoupled replay model in an ensemble, as in `generate`."""
 import asyncio
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,12 +10,16 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from transformers import AutoTokenizer
 
-from detokenizer_client import TEXTS, chunk_stream, infer_inputs, random_streams
-from triton_server import ROOT, triton_server
+from harness.chunks import chunk_stream, random_streams
+from harness.clients.kserve import detokenizer_inputs, tensors
+from harness.corpora import MULTILINGUAL as TEXTS
+from harness.paths import MODEL_REPOSITORY
+from harness.server import triton_server
 from tritonfront.detokenization import Chunk
 from tritonfront.model_sources import llm_model_dir
 
 MODEL = "detokenizer"
+TEST_MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +30,9 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def detokenizer_server(tmp_path_factory):
     repository = tmp_path_factory.mktemp("detokenizer_repository")
-    (repository / MODEL).symlink_to(ROOT / "model_repository" / MODEL)
+    (repository / MODEL).symlink_to(MODEL_REPOSITORY / MODEL)
     for test_model in ("chunk_replay", "detokenize_replay"):
-        (repository / test_model).symlink_to(ROOT / "tests" / "models" / test_model)
+        (repository / test_model).symlink_to(TEST_MODELS / test_model)
     with triton_server(tmp_path_factory.mktemp("detokenizer_log") / "server.log", repositories=[repository]) as server:
         yield server
 
@@ -41,7 +46,7 @@ async def send_stream(client, ids, chunks, prompt_tokens):
     texts, sent = [], 0
     for chunk in chunks:
         sent += len(chunk.output_ids)
-        result = await client.infer(MODEL, infer_inputs(chunk, prompt_tokens, sent))
+        result = await client.infer(MODEL, detokenizer_inputs(chunk, prompt_tokens, sent))
         assert result.as_numpy("completion_tokens").tolist() == [[sent]]
         assert result.as_numpy("prompt_tokens").tolist() == [[prompt_tokens]]
         assert result.as_numpy("finish_reason").tolist() == [[b"length" if chunk.is_final else b""]]
@@ -66,12 +71,7 @@ def test_concurrent_streams_join_to_the_full_decode(detokenizer_server, tokenize
 
 
 def replay_inputs(ids: list[int], sizes: list[int]):
-    inputs = []
-    for name, value in (("token_ids", ids), ("chunk_sizes", sizes)):
-        tensor = grpcclient.InferInput(name, [1, len(value)], "INT32")
-        tensor.set_data_from_numpy(np.array([value], dtype=np.int32))
-        inputs.append(tensor)
-    return inputs
+    return tensors(token_ids=np.array([ids], dtype=np.int32), chunk_sizes=np.array([sizes], dtype=np.int32))
 
 
 def test_chunks_of_a_stream_come_back_in_order_through_an_ensemble(detokenizer_server, tokenizer):
@@ -112,7 +112,7 @@ def test_chunks_of_a_stream_come_back_in_order_through_an_ensemble(detokenizer_s
 def test_empty_context_and_empty_final_chunk(detokenizer_server, tokenizer):
     ids = tokenizer.encode("Grüße 🎉", add_special_tokens=False)
     client = grpcclient.InferenceServerClient(detokenizer_server.grpc_url)
-    texts = [text_of(client.infer(MODEL, infer_inputs(chunk, 3, 0)))
+    texts = [text_of(client.infer(MODEL, detokenizer_inputs(chunk, 3, 0)))
              for chunk in chunk_stream(ids, [len(ids) - 1], empty_final=True)]
     assert texts[0] == "Grüße " and "".join(texts) == "Grüße 🎉" and texts[-1] == ""
 
@@ -121,9 +121,9 @@ def test_out_of_vocabulary_id_is_invalid_arg_and_server_stays_healthy(detokenize
     client = grpcclient.InferenceServerClient(detokenizer_server.grpc_url)
     vocab_size = len(tokenizer)
     with pytest.raises(grpcclient.InferenceServerException) as error:
-        client.infer(MODEL, infer_inputs(Chunk([], [5, vocab_size + 10], True), 1, 2))
+        client.infer(MODEL, detokenizer_inputs(Chunk([], [5, vocab_size + 10], True), 1, 2))
     assert "INVALID_ARG" in str(error.value.status()) and "output_ids" in str(error.value)
     assert f"[0, {vocab_size})" in str(error.value)
     assert detokenizer_server.is_ready()
     ids = tokenizer.encode("still fine", add_special_tokens=False)
-    assert text_of(client.infer(MODEL, infer_inputs(Chunk([], ids, True), 1, len(ids)))) == "still fine"
+    assert text_of(client.infer(MODEL, detokenizer_inputs(Chunk([], ids, True), 1, len(ids)))) == "still fine"

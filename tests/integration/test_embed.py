@@ -7,8 +7,10 @@ import pytest
 import torch
 import tritonclient.grpc.aio as grpcaio
 
-from embed_client import (client, cosines, infer, infer_aio, metric, reference_embeddings, reference_model, unit,
-                          varied_texts)
+from harness.clients.kserve import connect as client, embed as infer, embed_aio as infer_aio
+from harness.corpora import varied_texts
+from harness.references import cosines, reference_embeddings, sentence_transformer as reference_model, unit
+from harness.triton_metrics import metric_value
 
 TEXTS = varied_texts()
 MIN_COSINE = 0.9999
@@ -31,6 +33,10 @@ def reference_tokens():
     Dense, then Normalize) applied to every token, i.e. each transformer output row L2-normalized."""
     tokens = reference_model().encode(TEXTS, batch_size=16, output_value="token_embeddings")
     return [torch.nn.functional.normalize(t.float(), dim=-1).numpy() for t in tokens]
+
+
+def metric(server, name: str, model: str) -> float:
+    return metric_value(server.metrics(), name, model=model, version="1")
 
 
 def test_texts_cover_the_cases():

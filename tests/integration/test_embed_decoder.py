@@ -10,8 +10,10 @@ import pytest
 import torch
 import tritonclient.grpc.aio as grpcaio
 
-from embed_client import PROTOCOLS, client, copy_embed_repository, cosines, infer, infer_aio
-from triton_server import triton_server
+from harness.clients.kserve import PROTOCOLS, connect as client, embed as infer, embed_aio as infer_aio
+from harness.deploy import copy_embed_repository
+from harness.references import cosines
+from harness.server import triton_server
 from tritonfront import model_sources
 from tritonfront.model_sources import EMBED_MODEL_ENV
 

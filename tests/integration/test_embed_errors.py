@@ -9,7 +9,9 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from embed_client import PROTOCOLS, client, cosines, infer_aio, inputs, reference_embeddings, requested, varied_texts
+from harness.clients.kserve import PROTOCOLS, connect as client, embed_aio as infer_aio, requested, text_inputs
+from harness.corpora import varied_texts
+from harness.references import cosines, reference_embeddings
 
 OVER_LONG = "word " * 300  # 302 tokens with [CLS] and [SEP]
 TOO_BIG = "a" * (64 * 1024 + 1)
@@ -42,7 +44,7 @@ BAD_REQUESTS = {
 def send(connection, protocol, case):
     arguments, model, _ = BAD_REQUESTS[case]
     module = httpclient if protocol == "http" else grpcclient
-    return connection.infer(model, inputs(module, **arguments), outputs=requested(module, model))
+    return connection.infer(model, text_inputs(module=module, **arguments), outputs=requested(module, model))
 
 
 def is_invalid_argument(error: InferenceServerException, protocol: str) -> bool:
@@ -73,7 +75,8 @@ def test_good_requests_succeed_while_bad_ones_are_sent_concurrently(server):
             return await infer_aio(connection, [texts[i] for i in job])
         arguments, model, _ = BAD_REQUESTS[job]
         try:
-            await connection.infer(model, inputs(grpcclient, **arguments), outputs=requested(grpcclient, model))
+            await connection.infer(model, text_inputs(module=grpcclient, **arguments),
+                                   outputs=requested(grpcclient, model))
         except InferenceServerException as error:
             return error
         return None

@@ -11,9 +11,9 @@ import urllib.request
 
 import pytest
 
-from faults import EXPLICIT, PIPELINES, kill_under_load, model_stubs
+from harness.faults import PIPELINES, kill_under_load, model_stubs
+from harness.server import EXPLICIT_ALL as EXPLICIT, triton_server
 from tritonfront.watchdog import StubWatchdog
-from triton_server import triton_server
 
 HANG_S = 60.0
 RECOVER_S = 180.0

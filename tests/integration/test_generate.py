@@ -8,9 +8,14 @@ import time
 import numpy as np
 import pytest
 
-from generate_client import (PROMPTS, Streams, generate_inputs, greedy_reference, metric_values, post, prompt_ids,
-                             single_error, sse_events, tensor, tokenizer, write_deployment)
-from triton_server import triton_server
+from harness.clients.http import post, sse_events
+from harness.clients.kserve import generate_inputs, tensor
+from harness.clients.streams import Streams, single_error
+from harness.corpora import PROMPTS
+from harness.deploy import write_deployment
+from harness.references import greedy_reference, llm_tokenizer as tokenizer, prompt_ids
+from harness.server import triton_server
+from harness.triton_metrics import rank_values as metric_values
 
 MAX_TOKENS = 16
 EOS = 2
@@ -40,7 +45,7 @@ def dp_server(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp2")
     repositories = write_deployment(out, "--dp", "2", "--detokenizers", "4", "--set", "llm.num_threads=1",
                                     "--set", "llm.kv_cache_tokens=8192", "--set", "llm.max_active_requests=64",
-                                    "--queue", "llm=64", unbalanced_copy=True)
+                                    "--queue", "llm=64", llm_copies={"llm_none": {"balancing": "none"}})
     with triton_server(out / "server.log", repositories=repositories) as running:
         yield running
 

@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from detokenizer_client import TEXTS, chunk_stream
+from harness.chunks import chunk_stream
+from harness.corpora import MULTILINGUAL as TEXTS
 from tritonfront.detokenization import DETOKENIZER_WINDOW, Chunk, StreamDetokenizer, _byte_level_alphabet
 from tritonfront.errors import InvalidInput
 from tritonfront.model_sources import embed_model_dir, llm_model_dir

@@ -1,52 +1,29 @@
-"""Streaming load for the decoupled generate path (the `llm` model, the `generate` ensemble) over
-gRPC bidirectional streams (tritonclient.grpc.aio stream_infer), in one asyncio event loop.
+"""Streamed generation load (the `llm` model, the `generate` ensemble) over gRPC bidirectional
+streams (tritonclient.grpc.aio stream_infer), in one event loop.
 
-Per request it records when it was scheduled, when its first token arrived (time to first
-token, TTFT: the first response carrying generated tokens, i.e. non-empty `output_ids` from
-`llm`, non-empty `text_output` from `generate`), when each later response arrived (inter-token
-latency, ITL) and how many tokens it got. Requests are spread over a few connections, each one
-gRPC stream, so no stream carries a large share of them.
+Per request: when it was scheduled, when its first token arrived (time to first token, TTFT: the
+first response carrying generated tokens, i.e. non-empty `output_ids` from `llm`, non-empty
+`text_output` from `generate`), when each later response arrived (inter-token latency, ITL) and
+how many tokens it got. Requests are spread over a few connections, one gRPC stream each, so no
+stream carries a large share of them.
 
-- `open_loop`: Poisson arrivals (gaps drawn up front from a seed, so two variants can get the
-  very same schedule); latency counts from the scheduled time (see loadgen.py), a request is
-  sent at its time whether or not earlier ones answered.
-- `closed_loop`: `concurrency` clients, each sending its next request when the last one ended
-  (a throughput measurement).
-Only a loopback server can be targeted (loadgen.check_loopback).
-"""
+- `open_loop`: every request once at Poisson times (see schedule); latency from the scheduled time.
+- `closed_loop`: `concurrency` clients, each sending its next request when its last one ended.
+Only a loopback server is targeted."""
 import asyncio
 import itertools
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-import numpy as np
-import tritonclient.grpc.aio as grpcclient
-from tritonclient.utils import np_to_triton_dtype
+import tritonclient.grpc.aio as grpcaio
 
-from loadgen import check_loopback
+from ..clients.kserve import check_loopback
+from ..stats import mean, percentile
+from .outcomes import NO_ANSWER, SERVED, classify
+from .schedule import closed_loop as closed_loop_of, paced, poisson_offsets
 
-
-def tensor(name: str, array: np.ndarray) -> grpcclient.InferInput:
-    infer_input = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-    infer_input.set_data_from_numpy(array)
-    return infer_input
-
-
-def llm_inputs(prompt_ids: Sequence[int], max_tokens: int, stream: bool = True) -> list:
-    """A request to the `llm` model itself: token ids in, greedy."""
-    ids = np.array([prompt_ids], dtype=np.int32)
-    return [tensor("input_ids", ids), tensor("input_lengths", np.array([[ids.shape[1]]], dtype=np.int32)),
-            tensor("max_tokens", np.array([[max_tokens]], dtype=np.int32)),
-            tensor("stream", np.array([[stream]], dtype=bool))]
-
-
-def generate_inputs(text: str, max_tokens: int, stream: bool = True) -> list:
-    """A request to the `generate` ensemble, shaped like a TensorRT-LLM client's ([1, 1] tensors)."""
-    return [tensor("text_input", np.array([[text.encode()]], dtype=np.object_)),
-            tensor("max_tokens", np.array([[max_tokens]], dtype=np.int32)),
-            tensor("stream", np.array([[stream]], dtype=bool))]
+UNFINISHED = "no final response within the drain timeout"
 
 
 @dataclass
@@ -87,7 +64,7 @@ def read_generate() -> Callable:
 @dataclass
 class Request:
     inputs: list
-    tag: dict = field(default_factory=dict)  # what the benchmark wants to group results by
+    tag: dict = field(default_factory=dict)  # what the benchmark groups results by
 
 
 @dataclass
@@ -106,6 +83,12 @@ class Record:
         return self.done is not None and self.error is None
 
     @property
+    def kind(self) -> str:
+        if self.ok:
+            return SERVED
+        return NO_ANSWER if self.error in (None, UNFINISHED) else classify(self.error)
+
+    @property
     def ttft(self) -> float:
         return self.first - self.scheduled if self.first is not None else float("nan")
 
@@ -118,7 +101,7 @@ class _Connection:
     """One client and one bidirectional stream; requests are queued onto it."""
 
     def __init__(self, url: str, reader: Callable, records: dict):
-        self.client = grpcclient.InferenceServerClient(url)
+        self.client = grpcaio.InferenceServerClient(url)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.reader, self.records = reader, records
         self.stream_errors: list[str] = []
@@ -200,22 +183,18 @@ class StreamPool:
         errors = [e for c in self.connections for e in c.stream_errors]
         for record in self.records.values():
             if record.done is None:
-                record.error = errors[0] if errors else "no final response within the drain timeout"
+                record.error = errors[0] if errors else UNFINISHED
         return list(self.records.values())
 
 
 async def open_loop(url: str, model: str, requests: Sequence[Request], rate: float, *, seed: int = 0,
                     connections: int = 8, drain_timeout: float = 120.0, reader: Callable = read_llm) -> list[Record]:
-    """Every request once, in order, at Poisson times of `rate` requests/s."""
+    """Every request once, in order, at Poisson times of `rate` requests/s; each record's tag
+    gets its `offset_s` from the start."""
     pool = StreamPool(url, reader, connections)
-    rng = random.Random(seed)
-    start = scheduled = time.perf_counter()
-    for request in requests:
-        scheduled += rng.expovariate(rate)
-        delay = scheduled - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        pool.send(model, request, scheduled)
+    start = time.perf_counter()
+    async for number, scheduled in paced(poisson_offsets(rate, seed, count=len(requests)), start):
+        pool.send(model, requests[number], scheduled)
     records = await pool.close(drain_timeout)
     for record in records:
         record.tag.setdefault("offset_s", record.scheduled - start)
@@ -227,39 +206,25 @@ async def closed_loop(url: str, model: str, make_request: Callable[[int], Reques
                       max_connections: int = 8) -> tuple[list[Record], float]:
     """(records, seconds from the first send to the last final response)."""
     pool = StreamPool(url, reader, min(concurrency, max_connections))
-    numbers = itertools.count()
     start = time.perf_counter()
-    end = start + duration
 
-    async def client():
-        while time.perf_counter() < end:
-            await pool.send(model, make_request(next(numbers)), time.perf_counter()).wait()
+    async def send(number: int, now: float):
+        await pool.send(model, make_request(number), now).wait()
 
-    workers = [asyncio.create_task(client()) for _ in range(concurrency)]
-    await asyncio.wait(workers, timeout=duration + drain_timeout)
-    for worker in workers:
-        worker.cancel()
-    await asyncio.gather(*workers, return_exceptions=True)
+    await closed_loop_of(send, concurrency, duration, drain_timeout)
     records = await pool.close(1.0)
     last = max((r.done for r in records if r.done is not None), default=start)
     return records, last - start
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    values = [v for v in values if v == v]
-    return float(np.percentile(values, q)) if values else float("nan")
-
-
 def summary(records: Sequence[Record]) -> dict:
-    """TTFT and ITL in ms (mean, P50, P99), requests and tokens, for records of one variant."""
+    """TTFT and ITL in ms (mean, P50, P99), requests and tokens, for the records of one variant."""
     ok = [r for r in records if r.ok]
     ttft = [r.ttft * 1000 for r in ok]
     gaps = [g * 1000 for r in ok for g in r.gaps()]
     return {
         "requests": len(records), "ok": len(ok), "failed": len(records) - len(ok),
-        "ttft_mean": float(np.mean(ttft)) if ttft else float("nan"),
-        "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
-        "itl_mean": float(np.mean(gaps)) if gaps else float("nan"),
-        "itl_p50": percentile(gaps, 50), "itl_p99": percentile(gaps, 99),
+        "ttft_mean": mean(ttft), "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+        "itl_mean": mean(gaps), "itl_p50": percentile(gaps, 50), "itl_p99": percentile(gaps, 99),
         "tokens": sum(r.tokens for r in ok),
     }

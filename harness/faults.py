@@ -1,97 +1,61 @@
-"""Stub faults, for tests/integration/test_faults.py and perf/bench_faults.py: a steady load of
-requests through the ensemble that uses a model, SIGKILL of one of that model's Python stubs,
-what each request in flight got, and when the ensemble answered correctly again.
+"""Stub faults: a steady load of requests through the ensemble that uses a model, SIGKILL of one of
+that model's Python stubs, what each request in flight got, and when the ensemble answered
+correctly again.
 
-The server runs in explicit model control with tritonfront.watchdog beside it: Triton
-2.51 neither restarts a dead stub nor marks its model unready, the watchdog reloads it."""
+The server runs in explicit model control (server.EXPLICIT_ALL) with tritonfront.watchdog
+beside it: Triton 2.51 neither restarts a dead stub nor marks its model unready; the watchdog
+reloads it."""
 import os
 import signal
-import sys
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
-ROOT = Path(__file__).resolve().parents[2]
-
-from embed_client import inputs as embed_inputs  # noqa: E402
-from generate_client import generate_inputs, prompt_ids, tensor  # noqa: E402
 from tritonfront.watchdog import live_stubs
+
+from .clients.kserve import generate_inputs, llm_inputs, output, text_inputs
+from .clients.streams import one_streamed_request
+from .load.outcomes import NO_ANSWER, SERVED, NoAnswer, Outcome, classify
+from .load.threads import CallLoop
+from .references import prompt_ids
 
 PIPELINES = {"tokenizer": "embed", "encoder": "embed", "pooler": "embed",
              "llm_tokenizer": "generate", "llm": "generate", "detokenizer": "generate"}
-EXPLICIT = ("--model-control-mode=explicit", "--load-model=*")
 EMBED_TEXTS = ["A stub process died under load.", "Crème brûlée à la française.",
                "The quick brown fox jumps over the lazy dog. " * 6, "日本語の文章です。"]
 PROMPT, MAX_TOKENS = "Once upon a time, in a small village,", 24
-HUNG = "no final response"
-
-
-class Hung(Exception):
-    pass
 
 
 def embed_once(url: str, timeout: float) -> np.ndarray:
     client = grpcclient.InferenceServerClient(url)
     try:
-        result = client.infer("embed", embed_inputs(grpcclient, EMBED_TEXTS), client_timeout=timeout)
-    except Exception as error:
-        if "DEADLINE_EXCEEDED" in str(error):
-            raise Hung(f"{HUNG} in {timeout:g} s") from None
+        result = client.infer("embed", text_inputs(EMBED_TEXTS), client_timeout=timeout)
+    except InferenceServerException as error:
+        if classify(error) == NO_ANSWER:
+            raise NoAnswer(f"no final response in {timeout:g} s") from None
         raise
     finally:
         client.close()
     return result.as_numpy("embedding")
 
 
-def stream_once(url: str, model: str, inputs: list, read: Callable, final: Callable, timeout: float) -> list:
-    """One streamed request: what `read` took from each response, in order. One stream per
-    request, since a stream's errors carry no request id."""
-    parts, errors, done = [], [], threading.Event()
-
-    def on_response(result, error):
-        if error is not None:
-            errors.append(error)
-            done.set()
-            return
-        parts.append(read(result))
-        if final(result):
-            done.set()
-
-    client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=on_response)
-    try:
-        client.async_stream_infer(model, inputs, request_id="1")
-        if not done.wait(timeout):
-            raise Hung(f"{HUNG} in {timeout:g} s")
-    finally:
-        client.stop_stream(cancel_requests=not done.is_set())
-        client.close()
-    if errors:
-        raise errors[0]
-    return parts
-
-
 def generate_once(url: str, timeout: float) -> str:
     """Greedy through the `generate` ensemble, streamed: the chunks joined."""
-    return "".join(stream_once(url, "generate", generate_inputs(PROMPT, MAX_TOKENS, stream=True),
-                               lambda r: r.as_numpy("text_output").reshape(-1)[0].decode(),
-                               lambda r: bool(r.as_numpy("finish_reason").reshape(-1)[0]), timeout))
+    responses = one_streamed_request(url, "generate", generate_inputs(PROMPT, MAX_TOKENS, stream=True), timeout)
+    return "".join(output(r, "text_output") for r in responses)
 
 
 def llm_once(url: str, timeout: float) -> list[int]:
     """Greedy from `llm` itself (token ids in), streamed: the ids joined."""
-    ids = np.array([prompt_ids(PROMPT, chat=False)], dtype=np.int32)
-    inputs = [tensor("input_ids", ids), tensor("input_lengths", ids.shape[1]), tensor("max_tokens", MAX_TOKENS),
-              tensor("stream", True)]
-    parts = stream_once(url, "llm", inputs, lambda r: r.as_numpy("output_ids").reshape(-1).tolist(),
-                        lambda r: bool(r.as_numpy("is_final").reshape(-1)[0]), timeout)
-    return [i for part in parts for i in part]
+    inputs = llm_inputs(prompt_ids(PROMPT, chat=False), MAX_TOKENS, stream=True)
+    responses = one_streamed_request(url, "llm", inputs, timeout, final_output="is_final")
+    return [i for r in responses for i in r.as_numpy("output_ids").reshape(-1).tolist()]
 
 
 CALLS = {"embed": embed_once, "generate": generate_once, "llm": llm_once}
@@ -103,50 +67,38 @@ def same_result(value, reference) -> bool:
     return value == reference
 
 
-@dataclass
-class Outcome:
-    start: float
-    end: Optional[float] = None  # None: still waiting
-    error: Optional[str] = None
-    correct: Optional[bool] = None  # for a success: equal to the reference taken before the kill
-
-    @property
-    def hung(self) -> bool:
-        return self.error is not None and self.error.startswith(HUNG)
-
-
 class SteadyLoad:
-    """Closed-loop clients, each sending its next request when the last one ended."""
+    """Closed-loop clients on threads, each sending its next request when its last one ended;
+    every request an Outcome (times: time.monotonic(), as the watchdog's), a served one checked
+    against the reference."""
 
     def __init__(self, call: Callable[[], object], check: Callable[[object], bool], clients: int):
-        self.call, self.check = call, check
+        self.call, self.check, self.clients = call, check, clients
         self.outcomes: list[Outcome] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._clients = clients
+        self._threads: list[CallLoop] = []
 
     def add_client(self) -> None:
-        thread = threading.Thread(target=self._client, daemon=True)
+        thread = CallLoop(self._once, f"client {len(self._threads)}", self._stop)
         self._threads.append(thread)
         thread.start()
 
-    def _client(self) -> None:
-        while not self._stop.is_set():
-            outcome = Outcome(time.monotonic())
-            with self._lock:
-                self.outcomes.append(outcome)
-            try:
-                value = self.call()
-            except Exception as error:
-                outcome.end, outcome.error = time.monotonic(), str(error)
-                # While the ensemble is missing (being reloaded) errors come back at once.
-                self._stop.wait(0.1)
-            else:
-                outcome.end, outcome.correct = time.monotonic(), self.check(value)
+    def _once(self) -> None:
+        outcome = Outcome(time.monotonic())
+        with self._lock:
+            self.outcomes.append(outcome)
+        try:
+            value = self.call()
+        except Exception as error:  # whatever a client raises is this request's outcome
+            outcome.fail(time.monotonic(), error)
+            # While the ensemble is missing (being reloaded) errors come back at once.
+            self._stop.wait(0.1)
+        else:
+            outcome.end(time.monotonic(), SERVED, result=None).correct = self.check(value)
 
     def __enter__(self) -> "SteadyLoad":
-        for _ in range(self._clients):
+        for _ in range(self.clients):
             self.add_client()
         return self
 
@@ -160,7 +112,7 @@ class SteadyLoad:
             return list(self.outcomes)
 
     def in_flight_at(self, moment: float) -> list[Outcome]:
-        return [o for o in self.snapshot() if o.start <= moment and (o.end is None or o.end > moment)]
+        return [o for o in self.snapshot() if o.scheduled <= moment and (o.ended is None or o.ended > moment)]
 
 
 def model_stubs(server_pid: int, model: str) -> dict[int, str]:
@@ -205,12 +157,12 @@ class KillResult:
         return Counter(o.error for o in (self.in_flight if outcomes is None else outcomes) if o.error is not None)
 
 
-def recovery(outcomes: list[Outcome], killed: float) -> tuple[Optional[float], Optional[float]]:
+def recovery(outcomes: list[Outcome], killed: float) -> tuple[float, Optional[float]]:
     """Of the requests sent after the kill: (end of the last failure, end of the first correct
     answer after it)."""
-    sent = [o for o in outcomes if o.start > killed and o.end is not None]
-    last_failure = max((o.end for o in sent if o.error is not None), default=killed)
-    return last_failure, min((o.end for o in sent if o.correct and o.start >= last_failure), default=None)
+    sent = [o for o in outcomes if o.scheduled > killed and o.ended is not None]
+    last_failure = max((o.ended for o in sent if o.error is not None), default=killed)
+    return last_failure, min((o.ended for o in sent if o.correct and o.scheduled >= last_failure), default=None)
 
 
 def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, clients: int = 3,
@@ -232,28 +184,28 @@ def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, cli
         deadline = time.monotonic() + recover_s
         while sum(1 for o in load.snapshot() if o.correct) < steady and time.monotonic() < deadline:
             time.sleep(0.05)
-        before = model_stubs(server.process.pid, model)
-        instance, killed = kill_stub(server.process.pid, model)
+        before = model_stubs(server.pid, model)
+        instance, killed = kill_stub(server.pid, model)
         in_flight = load.in_flight_at(killed)
         load.add_client()
         deadline, restarted_at = killed + recover_s, None
         while time.monotonic() < deadline:
             time.sleep(0.2)
-            if restarted_at is None and restarted(server.process.pid, before, model):
+            if restarted_at is None and restarted(server.pid, before, model):
                 restarted_at = time.monotonic()
             last_failure, recovered = recovery(load.snapshot(), killed)
             if restarted_at is not None and recovered is not None and time.monotonic() - last_failure >= quiet_s:
                 break
     outcomes = load.snapshot()
     last_failure, recovered = recovery(outcomes, killed)
-    after = [o for o in outcomes if o.start > killed]
-    first_success = min((o.end for o in after if o.correct), default=None)
+    after = [o for o in outcomes if o.scheduled > killed]
+    first_success = min((o.ended for o in after if o.correct), default=None)
     return KillResult(
         model=model, via=via or PIPELINES[model], instance=instance, killed=killed, in_flight=in_flight, after=after,
         first_success_s=None if first_success is None else first_success - killed,
         restarted_s=None if restarted_at is None else restarted_at - killed,
         recovered_s=None if recovered is None else recovered - killed,
         last_in_flight_end_s=(None if any(o.hung for o in in_flight)
-                              else max((o.end - killed for o in in_flight), default=0.0)),
+                              else max((o.ended - killed for o in in_flight), default=0.0)),
         wrong=sum(1 for o in outcomes if o.correct is False),
         ready_after=server.is_ready(), restores=watchdog.restores[restores_before:])

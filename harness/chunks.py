@@ -1,0 +1,49 @@
+"""What an engine sends the detokenizer: token streams cut into chunks, each with the context
+window of ids before it (tritonfront.detokenization.Chunk)."""
+import random
+
+from tritonfront.detokenization import DETOKENIZER_WINDOW, Chunk
+
+from .corpora import MULTILINGUAL
+
+
+def chunk_stream(ids: list[int], sizes: list[int], empty_final: bool = False) -> list[Chunk]:
+    """The chunks an engine sends for `ids` in pieces of `sizes` (the rest in the last piece),
+    each with the DETOKENIZER_WINDOW ids before it; `empty_final`: the last chunk carries no ids,
+    as when generation ends on a token that is not sent (EOS, a stop word)."""
+    chunks, position = [], 0
+    for size in sizes:
+        if position + size >= len(ids):
+            break
+        chunks.append(Chunk(ids[max(0, position - DETOKENIZER_WINDOW):position], ids[position:position + size], False))
+        position += size
+    context = ids[max(0, position - DETOKENIZER_WINDOW):position]
+    if empty_final:
+        chunks.append(Chunk(context, ids[position:], False))
+        chunks.append(Chunk(ids[max(0, len(ids) - DETOKENIZER_WINDOW):], [], True))
+    else:
+        chunks.append(Chunk(context, ids[position:], True))
+    return chunks
+
+
+def random_streams(tokenizer, count: int, seed: int, max_chunk: int = 4) -> list[tuple[list[int], list[Chunk]]]:
+    """`count` streams of mixed-language text, each with its ids and chunks of 1..max_chunk ids."""
+    rng = random.Random(seed)
+    streams = []
+    for _ in range(count):
+        text = " ".join(rng.sample(list(MULTILINGUAL.values()), rng.randint(1, 3)))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        sizes = [rng.randint(1, max_chunk) for _ in ids]
+        streams.append((ids, chunk_stream(ids, sizes, empty_final=rng.random() < 0.5)))
+    return streams
+
+
+def one_token_streams(tokenizer, count: int, tokens: int, seed: int) -> list[list[Chunk]]:
+    """`count` streams of `tokens` one-token chunks each (stream_interval 1, the heaviest load
+    per token), repeating a random stream's ids to the length."""
+    streams = []
+    for ids, _ in random_streams(tokenizer, count, seed):
+        while len(ids) < tokens:
+            ids = ids + ids
+        streams.append(chunk_stream(ids[:tokens], [1] * tokens))
+    return streams

@@ -1,0 +1,80 @@
+"""Deployments to serve beside the committed one: scripts/configure.py output cut to the models a
+run needs, renamed copies of a model with other parameters (two variants in one server), config
+variants edited by regex, and a repository holding only the embed pipeline."""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable, Optional
+
+from .paths import BASELINES, ENSEMBLES, MODEL_REPOSITORY, ROOT
+
+GENERATE_MODELS = ("llm_tokenizer", "llm", "detokenizer", "generate")
+EMBED_MODELS = ("tokenizer", "encoder", "pooler", "embed", "embed_tokens")
+ALL_MODELS = ("tokenizer", "encoder", "pooler", "embed", "llm_tokenizer", "llm", "detokenizer", "generate")
+
+
+def write_deployment(out: Path, *configure_args: str, keep: Iterable[str] = GENERATE_MODELS,
+                     llm_copies: dict[str, dict] = {}, llm_baselines: Iterable[str] = ()) -> list[Path]:
+    """scripts/configure.py's deployment in `out`, cut to the models in `keep` (a second server
+    beside another has to start on a small machine); `llm_copies`: name -> parameters of extra
+    copies of `llm` (same code and instance groups), for an A/B in one server; `llm_baselines`:
+    models of perf/baseline_repository served with the deployment's llm config and their own code.
+    Returns the repositories to serve."""
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "configure.py"), "--out", str(out), *configure_args],
+                   check=True, capture_output=True)
+    keep = set(keep)
+    for model in [*(out / "model_repository").iterdir(), *(out / "ensembles").iterdir()]:
+        if model.name not in keep:
+            shutil.rmtree(model)
+    for name, parameters in llm_copies.items():
+        copy_model(out, "llm", name, **parameters)
+    for name in llm_baselines:
+        copy_model(out, "llm", name, code=BASELINES / name / "1")
+    return [out / "model_repository", out / "ensembles"]
+
+
+def copy_model(out: Path, source: str, name: str, code: Optional[Path] = None, **parameters: str) -> None:
+    """A model `name` in a deployment's model_repository: `source`'s config with these parameters
+    changed and the same code (or the version folder `code`), so two variants can be compared in
+    one server."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    source_dir = out / "model_repository" / source
+    config = text_format.Parse((source_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    config.name = name
+    for key, value in parameters.items():
+        config.parameters[key].string_value = value
+    target = out / "model_repository" / name
+    target.mkdir()
+    (target / "config.pbtxt").write_text(text_format.MessageToString(config))
+    (target / "1").symlink_to((code or source_dir / "1").resolve())
+
+
+def write_variant(model: str, name: str, target: Path, replacements: list[tuple[str, str]],
+                  source: Path = MODEL_REPOSITORY) -> Path:
+    """A copy of <source>/<model> as `name` under `target`, its config.pbtxt edited by regex
+    (pattern, replacement) pairs that must each match; 1/model.py (when the model has one) is
+    a link to the original, so the variant differs in configuration only."""
+    config = (source / model / "config.pbtxt").read_text()
+    for pattern, replacement in [(rf'^name: "{model}"', f'name: "{name}"'), *replacements]:
+        config, found = re.subn(pattern, replacement, config, flags=re.M)
+        if not found:
+            raise ValueError(f"{model}/config.pbtxt: nothing matches {pattern!r}")
+    folder = target / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(config)
+    code = source / model / "1" / "model.py"
+    if code.exists():
+        (folder / "1" / "model.py").symlink_to(code)
+    return folder
+
+
+def copy_embed_repository(target: Path) -> Path:
+    """Only the embed models and ensembles of this checkout, for a server that serves nothing else."""
+    for name in EMBED_MODELS:
+        repository = ENSEMBLES if (ENSEMBLES / name).exists() else MODEL_REPOSITORY
+        shutil.copytree(repository / name, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return target

@@ -1,0 +1,161 @@
+"""A real tritonserver for tests and benchmarks, started through scripts/serve.sh on free loopback
+ports, in its own process group so that stopping it stops every Python stub it started.
+
+`models` switches to explicit model control and loads only the models named (a benchmark then
+pays nothing for models added to the repositories). The Python backend can abort while loading
+on an overloaded machine (boost::interprocess::lock_exception, seen once): that abort, and only
+that one, gets a second start."""
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+from .paths import COMMITTED, RAW, ROOT
+
+KNOWN_STARTUP_ABORT = "boost::interprocess"
+# E-level lines Triton logs at start on a machine without a GPU; they say nothing about a run.
+NO_GPU_NOTICES = ("CudaDriverHelper", "CUDA driver version is insufficient", "NVML")
+EXPLICIT_ALL = ("--model-control-mode=explicit", "--load-model=*")
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass
+class Server:
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def error_lines(self) -> list[str]:
+        """Error-level log lines, tracebacks and crashes, without the no-GPU start-up notices."""
+        return [line for line in self.log().splitlines()
+                if (re.match(r"^E\d{4} ", line) or "Traceback" in line or "Segmentation" in line)
+                and not any(notice in line for notice in NO_GPU_NOTICES)]
+
+    def crashed(self) -> bool:
+        return "Segmentation" in self.log() or not self.is_ready()
+
+
+def repositories_variable(repositories: Iterable[Path]) -> str:
+    """TRITONFRONT_REPOSITORIES: colon-separated, as PATH, so folders with spaces work."""
+    paths = [str(r) for r in repositories]
+    for path in paths:
+        if ":" in path:
+            raise ValueError(f"model repository {path!r}: a ':' cannot be passed in TRITONFRONT_REPOSITORIES")
+    return ":".join(paths)
+
+
+@contextlib.contextmanager
+def triton_server(log_path: Path, repositories: Optional[Iterable[Path]] = None, env: Optional[dict] = None,
+                  timeout: float = 300, extra_args: tuple = (), models: Optional[Iterable[str]] = None,
+                  attempts: int = 2):
+    """Yields a ready Server; `repositories` default to serve.sh's (the committed ones)."""
+    if models is not None:
+        extra_args = ("--model-control-mode=explicit", *(f"--load-model={m}" for m in models), *extra_args)
+    for attempt in range(1, attempts + 1):
+        try:
+            server = _start(log_path, repositories, env, timeout, extra_args)
+        except StartupAbort as abort:
+            if attempt == attempts:
+                raise
+            kept = Path(log_path).rename(f"{log_path}.attempt{attempt}")
+            print(f"tritonserver aborted while loading (log: {kept}), starting it again: {str(abort)[-300:]}",
+                  flush=True)
+            continue
+        try:
+            yield server
+        finally:
+            stop(server.process)
+        return
+
+
+class StartupAbort(RuntimeError):
+    """The Python backend's known abort while loading models on a starved machine."""
+
+
+def _start(log_path: Path, repositories, env, timeout: float, extra_args: tuple) -> Server:
+    http, grpc, metrics = free_ports(3)
+    environment = dict(os.environ, HTTP_PORT=str(http), GRPC_PORT=str(grpc), METRICS_PORT=str(metrics), **(env or {}))
+    if repositories:
+        environment["TRITONFRONT_REPOSITORIES"] = repositories_variable(repositories)
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([str(ROOT / "scripts" / "serve.sh"), *extra_args], stdout=log,
+                                   stderr=subprocess.STDOUT, env=environment, start_new_session=True)
+    server = Server(http, grpc, metrics, process, Path(log_path))
+    try:
+        deadline = time.monotonic() + timeout
+        while not server.is_ready():
+            if process.poll() is not None:
+                log_text = server.log()
+                error = StartupAbort if KNOWN_STARTUP_ABORT in log_text else RuntimeError
+                raise error(f"tritonserver exited with {process.returncode}:\n{log_text[-4000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tritonserver not ready after {timeout}s:\n{server.log()[-4000:]}")
+            time.sleep(0.5)
+    except BaseException:
+        stop(process)
+        raise
+    return server
+
+
+def benchmark_server(name: str, models: Iterable[str], repositories: Iterable[Path] = COMMITTED, **kwargs):
+    """A server loading only `models`, its log in perf/results/raw/<name>.server.log."""
+    RAW.mkdir(parents=True, exist_ok=True)
+    return triton_server(RAW / f"{name}.server.log", repositories, models=list(models), **kwargs)
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

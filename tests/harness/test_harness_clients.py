@@ -1,0 +1,91 @@
+"""Request building and response parsing of the clients: tensors of each type and shape,
+server-sent events of /generate_stream, and the repository list handed to scripts/serve.sh."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from harness.clients.http import parse_sse, sse_events
+from harness.clients.kserve import (as_array, check_loopback, detokenizer_inputs, generate_inputs, llm_inputs,
+                                    prebuilt, text_inputs)
+from harness.server import repositories_variable
+from tritonfront.detokenization import Chunk
+
+
+def described(inputs) -> dict:
+    return {t.name(): (t.datatype(), t.shape()) for t in inputs}
+
+
+def test_scalars_lists_and_arrays_become_client_shaped_tensors():
+    assert as_array("hé").tolist() == [["hé".encode()]] and as_array(b"\xff").dtype == object
+    assert as_array(True).dtype == bool and as_array(0.5).dtype == np.float32 and as_array(7).dtype == np.int32
+    assert as_array(7, np.uint64).dtype == np.uint64
+    assert as_array(["a", b"b"]).tolist() == [[b"a", b"b"]]
+    ids = np.arange(6, dtype=np.int32).reshape(2, 3)
+    assert as_array(ids) is ids
+
+
+def test_generate_inputs_send_only_what_is_given():
+    inputs = generate_inputs("Hi", 8, stream=True, temperature=0.5, random_seed=3, stop_words=["a", "b"],
+                             apply_chat_template=False)
+    assert described(inputs) == {
+        "text_input": ("BYTES", [1, 1]), "max_tokens": ("INT32", [1, 1]), "stream": ("BOOL", [1, 1]),
+        "temperature": ("FP32", [1, 1]), "random_seed": ("UINT64", [1, 1]), "stop_words": ("BYTES", [1, 2]),
+        "apply_chat_template": ("BOOL", [1, 1])}
+    assert list(described(generate_inputs("Hi", 8))) == ["text_input", "max_tokens"]
+
+
+def test_llm_and_detokenizer_inputs():
+    assert described(llm_inputs([5, 6, 7], 4, stream=True)) == {
+        "input_ids": ("INT32", [1, 3]), "input_lengths": ("INT32", [1, 1]), "max_tokens": ("INT32", [1, 1]),
+        "stream": ("BOOL", [1, 1])}
+    assert described(detokenizer_inputs(Chunk([1, 2], [3], True), 5, 9)) == {
+        "output_ids": ("INT32", [1, 1]), "context_ids": ("INT32", [1, 2]), "is_final": ("BOOL", [1, 1]),
+        "finish_reason": ("BYTES", [1, 1]), "prompt_tokens": ("INT32", [1, 1]),
+        "completion_tokens": ("INT32", [1, 1])}
+
+
+def test_text_inputs_one_text_per_row_with_optional_inputs_per_text():
+    for module in (grpcclient, httpclient):
+        inputs = text_inputs(["a", "b", b"c"], module, truncate=False, dimensions=32)
+        assert described(inputs) == {"text_input": ("BYTES", [3, 1]), "truncate": ("BOOL", [3, 1]),
+                                     "dimensions": ("INT32", [3, 1])}
+    raw = text_inputs(None, raw=(np.array([[7]], dtype=np.int32), "INT32"), dimensions=3)
+    assert described(raw) == {"text_input": ("INT32", [1, 1]), "dimensions": ("INT32", [1, 1])}
+
+
+def test_prebuilt_requests_cycle():
+    built = []
+    factory = prebuilt(lambda text: built.append(text) or [text], ["a", "b"])
+    assert [factory(n) for n in range(5)] == [["a"], ["b"], ["a"], ["b"], ["a"]] and built == ["a", "b"]
+
+
+def test_only_loopback_is_targeted():
+    check_loopback("127.0.0.1:8001")
+    check_loopback("localhost:1")
+    with pytest.raises(ValueError):
+        check_loopback("10.0.0.5:8001")
+
+
+def test_sse_events_of_a_generate_stream_body():
+    body = "".join(f"data: {json.dumps({'text_output': t, 'finish_reason': r})}\n\n"
+                   for t, r in (("The", ""), (" end", "stop")))
+    assert [e["text_output"] for e in sse_events(body)] == ["The", " end"]
+    assert sse_events(body.rstrip("\n")) == sse_events(body)  # a last event without its blank line
+
+
+def test_sse_parsing_of_a_stream_as_it_arrives():
+    events, rest = parse_sse('data: {"a": 1}\r\n\r\n: a comment\n\nevent: x\ndata: {"b":\ndata: 2}\n\ndata: {"c"')
+    assert events == [{"a": 1}, {"b": 2}] and rest == 'data: {"c"'
+    # A chunked-transfer body read off the socket: the chunk sizes are lines of their own.
+    chunked = '1c\r\ndata: {"text_output": "x"}\n\n\r\n1c\r\ndata: {"text_output": "y"}\n\n\r\n'
+    assert [e["text_output"] for e in parse_sse(chunked)[0]] == ["x", "y"]
+
+
+def test_repositories_are_joined_like_path_and_may_hold_spaces():
+    assert repositories_variable([Path("/a b/model_repository"), Path("/c")]) == "/a b/model_repository:/c"
+    with pytest.raises(ValueError, match="':'"):
+        repositories_variable([Path("/a:b")])
