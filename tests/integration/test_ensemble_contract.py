@@ -16,7 +16,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
-from generate_client import greedy_reference, post, prompt_ids, tokenizer
+from harness.clients.http import post
+from harness.references import greedy_reference, llm_tokenizer as tokenizer, prompt_ids
 from tritonfront import model_sources
 from tritonfront.trtllm_contract import EXTRA_INPUTS, EXTRA_OUTPUTS, INPUTS, OUTPUTS, UNSUPPORTED
 
