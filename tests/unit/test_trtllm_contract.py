@@ -86,3 +86,14 @@ def test_contract_tables_name_only_contract_inputs():
     outputs = {s.name for s in contract.OUTPUTS}
     assert set(contract.REQUESTED_PASSED) | set(contract.ALWAYS_PASSED) <= outputs
     assert set(contract.UNMEASURED_PERF_METRICS) <= set(contract.PERF_METRIC_OUTPUTS)
+
+
+def test_a_deployment_serves_both_names_from_the_one_config(tmp_path):
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "configure.py"), "--out", str(tmp_path), "--dp", "2"],
+                   check=True, capture_output=True)
+    written = {name: config(tmp_path / "ensembles" / name) for name in ("generate", "ensemble")}
+    assert written["generate"] == written["ensemble"] and written["generate"].name == ""
+    assert (tmp_path / "ensembles" / "ensemble" / "1").resolve() == (ROOT / "ensembles" / "generate" / "1").resolve()
