@@ -280,7 +280,7 @@ class GenerationLoop:
             return
         chunks = live.completion.on_tokens(output.token_ids, output.finished, output.finish_reason,
                                            hold=self._awaiting_acknowledgement(output.request_id),
-                                           log_probs=getattr(output, "log_probs", None))  # placeholder until EngineOutput has them
+                                           log_probs=output.log_probs)
         if live.completion.finished:
             # A stop sequence ends the request before the engine would have.
             self._retire(output.request_id, cancel_engine=not output.finished)

@@ -10,20 +10,17 @@ sequence index. Inputs follow TensorRT-LLM's tensorrt_llm model (tritonfront.trt
 """
 import dataclasses
 import hashlib
-import json
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 
-from .engines import base as engine_base
-from .engines.base import SamplingParams
+from .engines.base import GUIDE_TYPES, GuidedDecoding, SamplingParams
 from .errors import InvalidInput
 from .inputs import Inputs, required, row_scalar
 from .stopping import stop_sequences_from_tensor
-from .trtllm_contract import (ALIASES, GUIDE_TYPES, MAX_RETURN_SEQUENCES, MAX_SEQUENCES_PER_REQUEST,
-                              UNSUPPORTED)
+from .trtllm_contract import ALIASES, MAX_RETURN_SEQUENCES, MAX_SEQUENCES_PER_REQUEST, UNSUPPORTED
 
 
 @dataclass(frozen=True)
@@ -122,15 +119,6 @@ def sequence_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest, "little")
 
 
-def _finite(name: str, value, default: float, check=lambda v: True, limit: str = "") -> float:
-    if value is None:
-        return default
-    value = float(value)
-    if not math.isfinite(value) or not check(value):
-        raise InvalidInput(name, f"{value} must be a finite number{limit}")
-    return value
-
-
 def _sampling(inputs: Inputs, row: int, rows: int) -> dict:
     """SamplingParams fields with TensorRT-LLM's defaults: greedy unless top_k > 1 or a top_p is
     given (temperature alone does not sample: its kernels take top_k = top_p = 0 as greedy), then
@@ -143,20 +131,22 @@ def _sampling(inputs: Inputs, row: int, rows: int) -> dict:
         temperature = 0.0
     elif temperature is None and samples:
         temperature = 1.0
-    min_tokens = int(_alias(inputs, "min_tokens", row, rows) or 0)
-    _finite("length_penalty", row_scalar(inputs, "length_penalty", row, rows), 0.0)  # beam search only
+    length_penalty = row_scalar(inputs, "length_penalty", row, rows)  # beam search only: no effect at width 1
+    if length_penalty is not None and not math.isfinite(length_penalty):
+        raise InvalidInput("length_penalty", f"{length_penalty} must be a finite number")
     return dict(
         temperature=temperature, top_k=top_k, top_p=float(1.0 if top_p is None else top_p),
-        min_tokens=min_tokens,
-        repetition_penalty=_finite("repetition_penalty", row_scalar(inputs, "repetition_penalty", row, rows), 1.0,
-                                   lambda v: v > 0, " > 0 (1 is no penalty)"),
-        presence_penalty=_finite("presence_penalty", row_scalar(inputs, "presence_penalty", row, rows), 0.0),
-        frequency_penalty=_finite("frequency_penalty", row_scalar(inputs, "frequency_penalty", row, rows), 0.0),
+        min_tokens=int(_alias(inputs, "min_tokens", row, rows) or 0),
+        repetition_penalty=float(row_scalar(inputs, "repetition_penalty", row, rows, 1.0)),
+        presence_penalty=float(row_scalar(inputs, "presence_penalty", row, rows, 0.0)),
+        frequency_penalty=float(row_scalar(inputs, "frequency_penalty", row, rows, 0.0)),
         return_log_probs=bool(row_scalar(inputs, "return_log_probs", row, rows, False)),
     )
 
 
-def _guided_decoding(inputs: Inputs, row: int, rows: int):
+def _guided_decoding(inputs: Inputs, row: int, rows: int) -> Optional[GuidedDecoding]:
+    """The guide of a prompt; its type and text are checked by GuidedDecoding.validate, whether it
+    compiles by the engine (Engine.check_params)."""
     guide_type = row_scalar(inputs, "guided_decoding_guide_type", row, rows) or None
     guide = row_scalar(inputs, "guided_decoding_guide", row, rows) or None
     if guide_type is None:
@@ -164,37 +154,7 @@ def _guided_decoding(inputs: Inputs, row: int, rows: int):
             raise InvalidInput("guided_decoding_guide_type", f"is required with guided_decoding_guide; one of "
                                                              f"{', '.join(GUIDE_TYPES)}")
         return None
-    if guide_type not in GUIDE_TYPES:
-        raise InvalidInput("guided_decoding_guide_type", f"{guide_type!r} must be one of {', '.join(GUIDE_TYPES)}")
-    if guide is None and guide_type != "json":
-        raise InvalidInput("guided_decoding_guide", f"is required with guide type {guide_type}")
-    if guide_type == "json_schema":
-        try:
-            schema = json.loads(guide)
-        except json.JSONDecodeError as error:
-            raise InvalidInput("guided_decoding_guide", f"is not valid JSON (line {error.lineno} column "
-                                                        f"{error.colno}: {error.msg})") from None
-        if not isinstance(schema, (dict, bool)):
-            raise InvalidInput("guided_decoding_guide", f"a JSON schema is an object or a boolean, got "
-                                                        f"{type(schema).__name__}")
-    guided = getattr(engine_base, "GuidedDecoding", None)
-    if guided is None:  # placeholder until the engines' guided decoding is merged
-        raise InvalidInput("guided_decoding_guide_type", "guided decoding is not supported by this engine")
-    return guided(guide_type, guide)
-
-
-_NEUTRAL = dict(min_tokens=0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-                return_log_probs=False, bad_words=(), guided_decoding=None)
-
-
-def _engine_params(fields: dict, input_names: dict) -> tuple[SamplingParams, list[str]]:
-    """SamplingParams of `fields`, and the inputs it cannot carry. Placeholder until the engines'
-    new fields are merged: a field SamplingParams does not have yet is an error (once every limit
-    is checked) when it asks for something."""
-    known = {field.name for field in dataclasses.fields(SamplingParams)}
-    missing = [input_names.get(name, name) for name in [name for name in fields if name not in known]
-               if fields.pop(name) != _NEUTRAL[name]]
-    return SamplingParams(**fields), missing
+    return GuidedDecoding(guide_type, guide)
 
 
 def _parse_prompt(inputs: Inputs, row: int, rows: int, vocab_size: int, context_length: int,
@@ -223,17 +183,15 @@ def _parse_prompt(inputs: Inputs, row: int, rows: int, vocab_size: int, context_
                   end_id=row_scalar(inputs, "end_id", row, rows), **_sampling(inputs, row, rows))
     min_tokens = fields["min_tokens"]
     bad_words = stop_sequences_from_tensor(_row(inputs, "bad_words_ids", row, rows), vocab_size, "bad_words_ids")
-    if bad_words:
-        fields["bad_words"] = tuple(tuple(word) for word in bad_words)
-    guided = _guided_decoding(inputs, row, rows)
-    if guided is not None:
-        fields["guided_decoding"] = guided
-    params, missing = _engine_params(fields, {"random_seed": "seed", "guided_decoding": "guided_decoding_guide_type"})
-    params = params.validate(length, context_length, vocab_size)
-    if not 0 <= min_tokens <= max_tokens:
-        raise InvalidInput("min_tokens", f"{min_tokens} is outside 0..max_tokens ({max_tokens})")
-    if missing:
-        raise InvalidInput(missing[0], "is not supported by this engine")
+    fields.update(bad_words=tuple(tuple(word) for word in bad_words), guided_decoding=_guided_decoding(inputs, row, rows))
+    # By its current name (SamplingParams names a negative one by the older), and against
+    # max_tokens once max_tokens is known to be good.
+    min_tokens_limit = InvalidInput("min_tokens", f"{min_tokens} is outside 0..max_tokens ({max_tokens})")
+    if min_tokens < 0:
+        raise min_tokens_limit
+    params = SamplingParams(**fields).validate(length, context_length, vocab_size)
+    if min_tokens > max_tokens:
+        raise min_tokens_limit
     options = ResponseOptions(
         exclude_input=bool(row_scalar(inputs, "exclude_input_in_output", row, rows, exclude_input_default)),
         log_probs=bool(row_scalar(inputs, "return_log_probs", row, rows, False)),

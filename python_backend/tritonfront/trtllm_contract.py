@@ -141,7 +141,6 @@ UNSUPPORTED = {
     "lora_config": "LoRA adapters are not supported",
 }
 
-GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 # Sequences one request may ask for (prompts times num_return_sequences): each is an engine request.
 MAX_RETURN_SEQUENCES = 16
 MAX_SEQUENCES_PER_REQUEST = 64

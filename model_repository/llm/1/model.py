@@ -52,9 +52,14 @@ class TritonPythonModel:
         submit_group(self.loop, handle, self.parse(request))
 
     def parse(self, request) -> list[GenerationRequest]:
-        """One GenerationRequest per sequence the request asks for (prompts times num_return_sequences)."""
-        return parse_batch(triton_glue.inputs(request), self.engine.vocab_size, self.engine.context_length,
-                           self.config.exclude_input_in_output == "true")
+        """One GenerationRequest per sequence the request asks for (prompts times num_return_sequences),
+        each checked by the engine (what it cannot honour, guides that do not compile) before any is
+        queued."""
+        sequences = parse_batch(triton_glue.inputs(request), self.engine.vocab_size, self.engine.context_length,
+                                self.config.exclude_input_in_output == "true")
+        for sequence in sequences:
+            self.engine.check_params(sequence.params)
+        return sequences
 
     def publish(self, load: Load) -> None:
         self.table.publish(load)
