@@ -286,24 +286,27 @@ def generate_phase(args, rep) -> dict:
     return results
 
 
-def warm_up(server, peer, prompts) -> None:
-    """A few whole answers from each server: transformers serve loads its model on the first
-    request, and first passes warm caches."""
+def warm_up(server, peer, prompts, passes: int = 3, streams: int = 8, max_tokens: int = 32) -> None:
+    """Whole answers to a few batches of streams from each server: transformers serve loads its
+    model on the first request, and its first loaded passes run several times slower than later
+    ones (seen here: 2 vs 18 tok/s at 4 streams), as first passes do in any torch process."""
     async def both():
-        pool = streaming.StreamPool(server.grpc_url, streaming.read_generate(), connections=2)
-        now = time.perf_counter()
-        done = [pool.send("generate", streaming.Request(generate_inputs(p, 16, stream=True, temperature=0.0)), now)
-                for p in prompts[:4]]
-        await asyncio.wait_for(asyncio.gather(*(d.wait() for d in done)), 300)
-        await pool.close(1)
-        async with http_api.session() as client:
-            records = await asyncio.gather(*(http_api.stream_completion(
-                client, f"{peer.url}/v1/completions",
-                {"model": peer.model, "prompt": p, "max_tokens": 16, "temperature": 0.0, "stream": True},
-                streaming.Record({}, now)) for p in prompts[:4]))
-        failed = [r.error for r in records if not r.ok]
-        if failed:
-            raise RuntimeError(f"transformers serve did not answer the warm-up: {failed[0]}")
+        for _ in range(passes):
+            pool = streaming.StreamPool(server.grpc_url, streaming.read_generate(), connections=2)
+            now = time.perf_counter()
+            done = [pool.send("generate", streaming.Request(generate_inputs(p, max_tokens, stream=True,
+                                                                           temperature=0.0)), now)
+                    for p in prompts[:streams]]
+            await asyncio.wait_for(asyncio.gather(*(d.wait() for d in done)), 600)
+            await pool.close(1)
+            async with http_api.session() as client:
+                records = await asyncio.gather(*(http_api.stream_completion(
+                    client, f"{peer.url}/v1/completions",
+                    {"model": peer.model, "prompt": p, "max_tokens": max_tokens, "temperature": 0.0, "stream": True},
+                    streaming.Record({}, now)) for p in prompts[:streams]))
+            failed = [r.error for r in records if not r.ok]
+            if failed:
+                raise RuntimeError(f"transformers serve did not answer the warm-up: {failed[0]}")
 
     asyncio.run(both())
 
