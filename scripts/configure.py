@@ -95,7 +95,7 @@ def configure(args) -> Path:
             if not config_file.exists():
                 continue
             config = load(config_file)
-            name = config.name
+            name = config.name or model_dir.name  # Triton names a model without `name` after its folder
             if counts.get(name):
                 set_count(config, counts[name])
             if args.gpus and name in GPU_MODELS:

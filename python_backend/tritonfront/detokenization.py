@@ -52,6 +52,7 @@ import numpy as np
 
 from .errors import InvalidInput
 from .inputs import Inputs, required
+from .trtllm_contract import ALWAYS_PASSED, REQUESTED_PASSED
 
 DETOKENIZER_WINDOW = 8
 
@@ -69,8 +70,10 @@ class Chunk:
     is_final: bool
 
 
-# Inputs of a chunk that the `detokenizer` passes on to the client unchanged.
+# Inputs of a chunk that the `detokenizer` passes on to the client unchanged: always there, and
+# there when the llm sends them.
 PASSED_THROUGH = ("finish_reason", "prompt_tokens", "completion_tokens")
+OPTIONALLY_PASSED = (*ALWAYS_PASSED, *REQUESTED_PASSED)
 
 
 @dataclass
@@ -78,7 +81,7 @@ class DetokenizeRequest:
     """A `detokenizer` request: one chunk per batch row."""
 
     chunks: list[Chunk]
-    passed_through: dict[str, np.ndarray]  # PASSED_THROUGH inputs, [rows, 1] each
+    passed_through: dict[str, np.ndarray]  # PASSED_THROUGH inputs ([rows, 1] each) and the OPTIONALLY_PASSED present
     delivery: Optional[np.ndarray]  # [rows, 4] the llm's stamps, to acknowledge once decoded
 
     @classmethod
@@ -89,8 +92,13 @@ class DetokenizeRequest:
         context_ids = required(inputs, "context_ids")
         is_final = required(inputs, "is_final").reshape(rows)
         passed_through = {name: required(inputs, name).reshape(rows, 1) for name in PASSED_THROUGH}
-        chunks = [Chunk(context.tolist(), output.tolist(), bool(final))
-                  for context, output, final in zip(context_ids, output_ids, is_final)]
+        passed_through.update({name: inputs[name] for name in OPTIONALLY_PASSED if name in inputs})
+        # A whole answer that starts with its prompt: the prompt's ids are decoded with it, so the
+        # text is the one decode of prompt and answer (tokens at the seam decode as they do in it).
+        echo_ids = inputs.get("echo_ids")
+        heads = [row.tolist() for row in echo_ids] if echo_ids is not None else [[]] * rows
+        chunks = [Chunk(context.tolist(), head + output.tolist(), bool(final))
+                  for context, output, final, head in zip(context_ids, output_ids, is_final, heads)]
         return cls(chunks, passed_through, inputs.get("delivery"))
 
 
@@ -337,6 +345,8 @@ class StreamDetokenizer:
                 continue
             if request.delivery is not None:
                 acknowledge(request.delivery)
-            outputs.append({"text_output": np.array([[text.encode("utf-8")] for text in texts], dtype=np.object_),
+            # One string per row without a further dimension, as TensorRT-LLM's postprocessing
+            # sends text_output (its clients read output[0]).
+            outputs.append({"text_output": np.array([text.encode("utf-8") for text in texts], dtype=np.object_),
                             **request.passed_through})
         return outputs

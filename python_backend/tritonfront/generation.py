@@ -19,9 +19,10 @@ detokenizer that falls behind gets fewer, larger chunks instead of a growing que
 """
 import itertools
 import logging
+import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
@@ -45,6 +46,9 @@ class Chunk:
     prompt_tokens: int
     completion_tokens: int  # ids sent so far, this chunk included
     delivery: tuple[int, int, int, int] = (0, 0, NO_SLOT, 0)  # DeliveryTracker.stamp()
+    log_probs: list[float] = field(default_factory=list)  # one per output id; NaN where the engine gave none
+    first_token_ns: int = 0  # time.time_ns() when the request's first token came from the engine; 0: none yet
+    last_token_ns: int = 0  # ... and its latest
 
     def tensors(self) -> dict[str, np.ndarray]:
         """The `llm` model's outputs for this chunk, with the batch dimension of one request."""
@@ -76,16 +80,27 @@ class Completion:
         self._pending: list[int] = []
         self._recent: list[int] = []
         self._sent = 0
+        # Log probs travel with their ids: through the stop matcher's hold-back, out with the chunk.
+        self._pending_log_probs: list[float] = []
+        self._held_log_probs: list[float] = []
+        self.first_token_ns = self.last_token_ns = 0
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     def on_tokens(self, token_ids: Sequence[int], engine_finished: bool = False,
-                  engine_reason: Optional[str] = None, hold: bool = False) -> list[Chunk]:
+                  engine_reason: Optional[str] = None, hold: bool = False,
+                  log_probs: Optional[Sequence[float]] = None) -> list[Chunk]:
         """The chunks these new ids complete: the final one when the request ends, otherwise a
-        streamed one every stream_interval ids unless `hold` (the ids then wait for `release`)."""
-        for token in token_ids:
+        streamed one every stream_interval ids unless `hold` (the ids then wait for `release`).
+        `log_probs`, one per id where the engine gives them, travel with their ids."""
+        if token_ids:
+            self.last_token_ns = time.time_ns()
+            self.first_token_ns = self.first_token_ns or self.last_token_ns
+        if log_probs is None or len(log_probs) != len(token_ids):
+            log_probs = [math.nan] * len(token_ids)
+        for token, log_prob in zip(token_ids, log_probs):
             if self.finished:
                 break
             self.generated += 1
@@ -94,6 +109,9 @@ class Completion:
                 break
             released, matched = self._matcher.push(int(token))
             self._pending.extend(released)
+            held = self._held_log_probs + [float(log_prob)]
+            self._pending_log_probs.extend(held[:len(released)])
+            self._held_log_probs = held[len(released):] if not matched else []
             if matched:
                 self.finish_reason = FINISH_STOP
         if engine_finished and not self.finished:
@@ -113,7 +131,7 @@ class Completion:
         return self._chunk(final=False) if self.holding else None
 
     def cancel(self) -> Chunk:
-        self._pending = []
+        self._pending, self._pending_log_probs, self._held_log_probs = [], [], []
         self._matcher.flush()
         self.finish_reason = FINISH_CANCELLED
         return self._chunk(final=True)
@@ -121,14 +139,18 @@ class Completion:
     def _end(self, reason: str) -> None:
         # Held tokens whose stop sequence never completed belong to the text.
         self._pending.extend(self._matcher.flush())
+        self._pending_log_probs.extend(self._held_log_probs)
+        self._held_log_probs = []
         self.finish_reason = reason
 
     def _chunk(self, final: bool) -> Chunk:
         ids, self._pending = self._pending, []
+        log_probs, self._pending_log_probs = self._pending_log_probs, []
         context = self._recent[-self.context_window:] if self.context_window else []
         self._recent = (self._recent + ids)[-self.context_window:] if self.context_window else []
         self._sent += len(ids)
-        return Chunk(ids, context, final, self.finish_reason if final else "", self.prompt_tokens, self._sent)
+        return Chunk(ids, context, final, self.finish_reason if final else "", self.prompt_tokens, self._sent,
+                     log_probs=log_probs, first_token_ns=self.first_token_ns, last_token_ns=self.last_token_ns)
 
 
 class Responder(Protocol):
@@ -257,7 +279,8 @@ class GenerationLoop:
             self._fail(live.handle, RuntimeError(output.error))
             return
         chunks = live.completion.on_tokens(output.token_ids, output.finished, output.finish_reason,
-                                           hold=self._awaiting_acknowledgement(output.request_id))
+                                           hold=self._awaiting_acknowledgement(output.request_id),
+                                           log_probs=output.log_probs)
         if live.completion.finished:
             # A stop sequence ends the request before the engine would have.
             self._retire(output.request_id, cancel_engine=not output.finished)

@@ -28,10 +28,28 @@ def scalar(inputs: Inputs, name: str, default: Any = None) -> Any:
     values = value.reshape(-1)
     if values.size == 0:
         return default
-    if np.any(values != values[0]):
+    if not _all_equal(values):
         raise InvalidInput(name, f"must have one value per request, got {values.size} different values")
     item = values[0]
     return item.decode("utf-8", "replace") if isinstance(item, bytes) else item.item()
+
+
+def _all_equal(values: np.ndarray) -> bool:
+    if values.dtype.kind == "f":  # NaN is its own value here: the limit check names it
+        return bool(np.array_equal(values, np.full_like(values, values[0]), equal_nan=True))
+    return bool(np.all(values == values[0]))
+
+
+def row_scalar(inputs: Inputs, name: str, row: int, rows: int, default: Any = None) -> Any:
+    """The value of an optional input for one prompt of a request with `rows` prompts: its row of
+    the tensor, as TensorRT-LLM reads per-prompt inputs (a request of one prompt takes the single
+    value `scalar` gives)."""
+    value = inputs.get(name)
+    if value is None or rows == 1:
+        return scalar(inputs, name, default)
+    if value.shape[0] != rows:
+        raise InvalidInput(name, f"has {value.shape[0]} rows for {rows} prompts: one value per prompt")
+    return scalar({name: value[row]}, name, default)
 
 
 def decode_texts(items: Sequence, field: str) -> list[str]:

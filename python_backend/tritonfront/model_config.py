@@ -144,6 +144,10 @@ class LLMConfig(Config):
                                           "the CPU; sdpa, transformers' packed attention (quadratic in the batch)",
                                 choices=ATTENTIONS)
     num_threads: int = _num_threads(0)
+    exclude_input_in_output: str = _parameter(
+        "false", "for requests that do not send exclude_input_in_output: true, a whole answer is its generated "
+                 "text; false, the prompt and then the answer (TensorRT-LLM's tensorrt_llm parameter and default)",
+        choices=("true", "false"))
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(max_num_seqs=self.max_num_seqs, kv_cache_tokens=self.kv_cache_tokens,

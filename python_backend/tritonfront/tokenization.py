@@ -6,15 +6,16 @@ and lets the tokenizers library use every core.
 """
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from .errors import InvalidInput
-from .inputs import Inputs, optional_strings, scalar, strings
+from .inputs import Inputs, decode_texts, row_scalar, scalar, strings
 from .ragged import pad
+from .trtllm_contract import MAX_WORDS
 
 DEFAULT_MAX_TEXT_BYTES = 64 * 1024
 
@@ -146,7 +147,7 @@ class BatchTokenizer:
         return ids[:head] + text + ids[len(ids) - tail:]
 
 
-MAX_STOP_WORDS = 16
+MAX_STOP_WORDS = MAX_WORDS
 
 
 @dataclass
@@ -154,45 +155,77 @@ class PromptRequest:
     text: str
     chat: bool = False  # wrap the text as one user message through the model's chat template
     stop_words: Sequence[str] = ()
+    bad_words: Sequence[str] = ()
 
     def __post_init__(self):
-        # TensorRT-LLM's clients send stop_words "" to mean none: empty words are no stop words.
+        # TensorRT-LLM's clients send stop_words "" to mean none: empty words are no words.
         self.stop_words = [word for word in self.stop_words if word]
+        self.bad_words = [word for word in self.bad_words if word]
+
+
+def _word_rows(inputs: Inputs, name: str, rows: int) -> list[list[str]]:
+    """Each prompt's words of a [prompts, words] BYTES word list, as TensorRT-LLM's clients send
+    stop_words and bad_words (each item one word; TensorRT-LLM's older comma-separated form is
+    not split: a word may contain commas)."""
+    value = inputs.get(name)
+    if value is None:
+        return [[] for _ in range(rows)]
+    if rows == 1:
+        return [decode_texts(value.reshape(-1), name)]
+    if value.shape[0] != rows:
+        raise InvalidInput(name, f"has {value.shape[0]} rows for {rows} prompts: one list per prompt")
+    return [decode_texts(value[row].reshape(-1), f"{name}[{row}]") for row in range(rows)]
+
+
+@dataclass
+class PromptBatch:
+    """An `llm_tokenizer` request: one prompt per row of text_input (TensorRT-LLM's batched
+    requests), each with its row of apply_chat_template, stop_words and bad_words."""
+
+    prompts: list[PromptRequest]
 
     @classmethod
-    def parse(cls, inputs: Inputs) -> "PromptRequest":
-        """An `llm_tokenizer` request: one prompt in text_input, optional apply_chat_template and
-        stop_words."""
+    def parse(cls, inputs: Inputs) -> "PromptBatch":
         texts = strings(inputs, "text_input")
-        if len(texts) != 1:
-            raise InvalidInput("text_input", f"one prompt per request, got {len(texts)}")
-        return cls(texts[0], bool(scalar(inputs, "apply_chat_template", False)),
-                   optional_strings(inputs, "stop_words") or [])
+        rows = len(texts)
+        stop_words, bad_words = _word_rows(inputs, "stop_words", rows), _word_rows(inputs, "bad_words", rows)
+        return cls([PromptRequest(text, bool(row_scalar(inputs, "apply_chat_template", row, rows, False)),
+                                  stop_words[row], bad_words[row]) for row, text in enumerate(texts)])
 
 
 @dataclass
 class TokenizedPrompt:
-    input_ids: np.ndarray  # [1, tokens] int32
-    input_lengths: np.ndarray  # [1, 1] int32
-    stop_words_ids: np.ndarray  # [1, words, longest] int32 right-padded with -1; none: [1, 1, 1] of -1
+    ids: list[int]
+    stop_words: list[list[int]]
+    bad_words: list[list[int]] = field(default_factory=list)
 
-    def outputs(self) -> dict[str, np.ndarray]:
-        """The `llm_tokenizer` model's outputs; delivery_acknowledged is always true (why: its
-        comment in model_repository/llm_tokenizer/config.pbtxt)."""
-        return {"input_ids": self.input_ids, "input_lengths": self.input_lengths,
-                "stop_words_ids": self.stop_words_ids, "delivery_acknowledged": np.array([[True]])}
+    @property
+    def input_ids(self) -> np.ndarray:
+        """[1, tokens] int32"""
+        return np.array([self.ids], dtype=np.int32)
+
+    @property
+    def input_lengths(self) -> np.ndarray:
+        """[1, 1] int32"""
+        return np.array([[len(self.ids)]], dtype=np.int32)
+
+    @property
+    def stop_words_ids(self) -> np.ndarray:
+        """[1, words, longest] int32 right-padded with -1; no stop words: [1, 1, 1] of -1"""
+        return _word_list([self.stop_words])
 
 
-def check_stop_words(words: Sequence[str]) -> None:
-    if len(words) > MAX_STOP_WORDS:
-        raise InvalidInput("stop_words", f"{len(words)} stop words is over the limit of {MAX_STOP_WORDS}")
+def check_words(words: Sequence[str], field: str) -> None:
+    if len(words) > MAX_WORDS:
+        raise InvalidInput(field, f"{len(words)} words is over the limit of {MAX_WORDS}")
 
 
 class PromptTokenizer(BatchTokenizer):
     """The `llm_tokenizer` model's side: generation prompts, raw or through the chat template, and
-    their stop words. A whole dynamic batch still takes one encode call per kind of text: raw
-    prompts get the special tokens the post-processor adds (as `tokenizer(text)` does), templated
-    prompts and stop words are encoded as written (as `apply_chat_template(tokenize=True)` does).
+    their stop and bad words. A whole dynamic batch, every prompt of every request, still takes one
+    encode call per kind of text: raw prompts get the special tokens the post-processor adds (as
+    `tokenizer(text)` does), templated prompts and words are encoded as written (as
+    `apply_chat_template(tokenize=True)` does, and TensorRT-LLM's preprocessing encodes words).
     max_length is the model's context: a prompt must leave room for one generated token."""
 
     def chat_text(self, text: str) -> str:
@@ -211,8 +244,9 @@ class PromptTokenizer(BatchTokenizer):
                 if not request.text:
                     raise InvalidInput("text_input", "is empty")
                 self.check_text_sizes([request.text])
-                check_stop_words(request.stop_words)
-                self.check_text_sizes(request.stop_words, "stop_words")
+                for field in ("stop_words", "bad_words"):
+                    check_words(getattr(request, field), field)
+                    self.check_text_sizes(getattr(request, field), field)
                 prompt = self.chat_text(request.text) if request.chat else request.text
             except InvalidInput as error:
                 results[r] = error
@@ -221,33 +255,73 @@ class PromptTokenizer(BatchTokenizer):
             index = len(texts[raw])
             texts[raw].append(prompt)
             words_start = len(texts[False])
-            texts[False].extend(request.stop_words)
-            plans.append((r, raw, index, words_start, len(request.stop_words)))
+            texts[False].extend([*request.stop_words, *request.bad_words])
+            plans.append((r, raw, index, words_start, len(request.stop_words), len(request.bad_words)))
         encoded = {special: self._fast.encode_batch(group, add_special_tokens=special) if group else []
                    for special, group in texts.items()}
-        for r, raw, index, words_start, words in plans:
-            stop_words = [encoded[False][i].ids for i in range(words_start, words_start + words)]
+        for r, raw, index, start, stops, bads in plans:
+            words = [encoded[False][i].ids for i in range(start, start + stops + bads)]
             try:
-                results[r] = self._pack_prompt(encoded[raw][index].ids, stop_words)
+                results[r] = self._pack_prompt(encoded[raw][index].ids, words[:stops], words[stops:])
             except InvalidInput as error:
                 results[r] = error
         return results
 
-    def respond(self, requests: Sequence[PromptRequest]) -> list:
-        """The `llm_tokenizer` model's outputs per request, or the InvalidInput it earned."""
-        return _outputs(self.encode_prompts(requests))
+    def respond(self, batches: Sequence[PromptBatch]) -> list:
+        """The `llm_tokenizer` model's outputs per request, or the InvalidInput it earned (the first
+        of its prompts'), with one encode_prompts call for every prompt of every request."""
+        flat = [prompt for batch in batches for prompt in batch.prompts]
+        encoded = self.encode_prompts(flat) if flat else []
+        results, start = [], 0
+        for batch in batches:
+            prompts = encoded[start:start + len(batch.prompts)]
+            start += len(batch.prompts)
+            errors = [(row, result) for row, result in enumerate(prompts) if isinstance(result, InvalidInput)]
+            if not errors:
+                results.append(_batch_outputs(prompts))
+            elif len(prompts) == 1:
+                results.append(errors[0][1])
+            else:
+                row, error = errors[0]
+                results.append(InvalidInput(f"{error.field} (prompt {row})", str(error)[len(error.field) + 2:]))
+        return results
 
-    def _pack_prompt(self, ids: list[int], stop_words: list[list[int]]) -> TokenizedPrompt:
+    def _pack_prompt(self, ids: list[int], stop_words: list[list[int]], bad_words: list[list[int]]) -> TokenizedPrompt:
         if not ids:
             raise InvalidInput("text_input", "has no tokens for this model")
         if len(ids) >= self.max_length:
             raise InvalidInput("text_input", f"{len(ids)} tokens leave no room to generate in the model's context "
                                              f"of {self.max_length} tokens (at most {self.max_length - 1})")
-        for i, word in enumerate(stop_words):
-            if not word:
-                raise InvalidInput(f"stop_words[{i}]", "has no tokens for this model")
-        stop = pad(stop_words, fill=-1, dtype=np.int32) if stop_words else np.full((1, 1), -1, dtype=np.int32)
-        return TokenizedPrompt(np.array([ids], dtype=np.int32), np.array([[len(ids)]], dtype=np.int32), stop[None])
+        for field, words in (("stop_words", stop_words), ("bad_words", bad_words)):
+            for i, word in enumerate(words):
+                if not word:
+                    raise InvalidInput(f"{field}[{i}]", "has no tokens for this model")
+        return TokenizedPrompt(ids, stop_words, bad_words)
+
+
+def _word_list(rows: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
+    """[prompts, words, longest] int32 right-padded with -1; a prompt without words gets a row of -1."""
+    width = max([1, *(len(word) for words in rows for word in words)])
+    count = max([1, *(len(words) for words in rows)])
+    out = np.full((len(rows), count, width), -1, dtype=np.int32)
+    for p, words in enumerate(rows):
+        for w, word in enumerate(words):
+            out[p, w, :len(word)] = word
+    return out
+
+
+def _batch_outputs(prompts: Sequence[TokenizedPrompt]) -> dict[str, np.ndarray]:
+    """The `llm_tokenizer` outputs of a request's prompts, one row each: input_ids right-padded with
+    0 (input_lengths says where each ends), word lists as _word_list makes them, bad_words_ids only
+    when a prompt has bad words. delivery_acknowledged is always true (why: its comment in
+    model_repository/llm_tokenizer/config.pbtxt)."""
+    outputs = {"input_ids": pad([p.ids for p in prompts], fill=0, dtype=np.int32),
+               "input_lengths": np.array([[len(p.ids)] for p in prompts], dtype=np.int32),
+               "stop_words_ids": _word_list([p.stop_words for p in prompts])}
+    if any(p.bad_words for p in prompts):
+        outputs["bad_words_ids"] = _word_list([p.bad_words for p in prompts])
+    outputs["delivery_acknowledged"] = np.ones((len(prompts), 1), dtype=bool)
+    return outputs
 
 
 def _outputs(results: list) -> list:

@@ -176,8 +176,11 @@ def test_llm_tokenizer_outputs_and_errors(pb_utils):
     assert outputs["input_ids"].shape == (1, int(outputs["input_lengths"][0, 0])) and outputs["input_ids"].shape[1] > 10
     assert outputs["stop_words_ids"].shape[:2] == (1, 2) and outputs["delivery_acknowledged"].tolist() == [[True]]
     assert responses[1].outputs()["stop_words_ids"].tolist() == [[[-1]]]
+    batched = responses[2].outputs()  # one row per prompt, as TensorRT-LLM's batched requests
+    assert batched["input_ids"].shape[0] == 2 and batched["input_lengths"].shape == (2, 1)
+    assert batched["stop_words_ids"].tolist() == [[[-1]], [[-1]]]
+    assert batched["delivery_acknowledged"].tolist() == [[True], [True]]
     INVALID = pb_utils.TritonError.INVALID_ARG
-    assert error_of(responses[2]) == (INVALID, "text_input: one prompt per request, got 2")
     assert error_of(responses[3]) == (INVALID, "text_input: is empty")
 
 
@@ -260,7 +263,7 @@ def test_detokenizer_decodes_passes_through_and_acknowledges_what_it_decoded(pb_
     rest = pb_utils.FakeRequest(chunk_inputs(ids[2:], context_ids=ids[:2], delivery=(key, 0, 4, 42)))
     bad = pb_utils.FakeRequest(chunk_inputs([10**6], delivery=(key, 0, 5, 43)))
     responses = model.execute([first, rest, bad])
-    texts_out = [r.outputs()["text_output"][0, 0].decode() for r in responses[:2]]
+    texts_out = [r.outputs()["text_output"][0].decode() for r in responses[:2]]
     assert "".join(texts_out) == "Hello world, ünïcode"
     assert responses[1].outputs()["finish_reason"].tolist() == [[b"stop"]]
     assert responses[1].outputs()["prompt_tokens"].tolist() == [[7]]

@@ -19,9 +19,11 @@ TRITON_ONLY = ("triton_python_backend_utils", "triton_glue")
 LAYERS = [
     {"errors", "threads"},
     {"engines"},
-    {"inputs", "shared_tables", "ragged", "devices", "model_sources", "stopping", "load", "server_metrics"},
+    {"inputs", "shared_tables", "ragged", "devices", "model_sources", "stopping", "load", "server_metrics",
+     "trtllm_contract"},
     {"tokenization", "encoding", "detokenization", "delivery", "balancing", "generation_request", "core_sharing"},
     {"pooling", "generation"},
+    {"fanout"},
     {"model_config"},
     {"watchdog"},
 ]

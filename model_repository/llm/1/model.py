@@ -5,8 +5,9 @@ from tritonfront import balancing, devices, model_sources
 from tritonfront.delivery import DeliveryTracker
 from tritonfront.detokenization import DETOKENIZER_WINDOW
 from tritonfront.engines import create_engine
+from tritonfront.fanout import GroupResponder, submit_group
 from tritonfront.generation import GenerationLoop
-from tritonfront.generation_request import GenerationRequest
+from tritonfront.generation_request import GenerationRequest, parse_batch
 from tritonfront.load import GaugeThread, Load, LoadMetrics, ModelLoadMetrics
 from tritonfront.server_metrics import PendingRequests
 
@@ -36,7 +37,7 @@ class TritonPythonModel:
             updates.append(ModelLoadMetrics(self.table.live_loads, PendingRequests(args["model_name"], os.getppid()),
                                             self.model_metrics).update)
         self.gauges = GaugeThread(updates)
-        self.loop = self.create_loop(engine=self.engine, responder=triton_glue.StreamResponder(),
+        self.loop = self.create_loop(engine=self.engine, responder=GroupResponder(triton_glue.StreamResponder()),
                                      stream_interval=config.stream_interval, context_window=DETOKENIZER_WINDOW,
                                      on_load=self.publish, delivery=delivery)
         self.loop.publish_load()
@@ -59,10 +60,17 @@ class TritonPythonModel:
         return None
 
     def submit(self, handle, request) -> None:
-        self.loop.submit(handle, self.parse(request))
+        submit_group(self.loop, handle, self.parse(request))
 
-    def parse(self, request) -> GenerationRequest:
-        return GenerationRequest.parse(triton_glue.inputs(request), self.engine.vocab_size, self.engine.context_length)
+    def parse(self, request) -> list[GenerationRequest]:
+        """One GenerationRequest per sequence the request asks for (prompts times num_return_sequences),
+        each checked by the engine (what it cannot honour, guides that do not compile) before any is
+        queued."""
+        sequences = parse_batch(triton_glue.inputs(request), self.engine.vocab_size, self.engine.context_length,
+                                self.config.exclude_input_in_output == "true")
+        for sequence in sequences:
+            self.engine.check_params(sequence.params)
+        return sequences
 
     def publish(self, load: Load) -> None:
         self.table.publish(load)

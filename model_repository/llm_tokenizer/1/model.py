@@ -1,6 +1,6 @@
 import triton_glue
 from tritonfront import model_sources
-from tritonfront.tokenization import PromptRequest, PromptTokenizer
+from tritonfront.tokenization import PromptBatch, PromptTokenizer
 
 
 class TritonPythonModel:
@@ -10,4 +10,4 @@ class TritonPythonModel:
                                                      max_text_bytes=config.max_text_bytes)
 
     def execute(self, requests):
-        return triton_glue.execute_batch(requests, PromptRequest.parse, self.tokenizer.respond)
+        return triton_glue.execute_batch(requests, PromptBatch.parse, self.tokenizer.respond)

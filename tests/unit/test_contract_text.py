@@ -1,0 +1,121 @@
+"""Text in and out of TensorRT-LLM's contract: requests of several prompts with their own stop and
+bad words through the llm_tokenizer (one encode call per kind of text for the whole dynamic
+batch), and the detokenizer's side: a whole answer that includes its prompt is the one decode of
+prompt and answer, contract outputs pass through, text_output has no second dimension."""
+import numpy as np
+import pytest
+
+from tritonfront import model_sources
+from tritonfront.detokenization import DetokenizeRequest, StreamDetokenizer
+from tritonfront.errors import InvalidInput
+from tritonfront.tokenization import MAX_STOP_WORDS, PromptBatch, PromptRequest, PromptTokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    from transformers import AutoTokenizer
+
+    folder = model_sources.llm_model_dir()
+    return PromptTokenizer.from_folder(folder), AutoTokenizer.from_pretrained(folder)
+
+
+def words(rows) -> np.ndarray:
+    return np.array([[w.encode() for w in row] for row in rows], dtype=np.object_)
+
+
+def test_a_request_of_several_prompts_has_a_row_each():
+    batch = PromptBatch.parse({"text_input": np.array([[b"one"], [b"two"]], dtype=np.object_),
+                               "apply_chat_template": np.array([[True], [False]]),
+                               "stop_words": words([["a", ""], ["b", "c"]]), "bad_words": words([["x"], [""]])})
+    assert batch.prompts == [PromptRequest("one", True, ["a"], ["x"]), PromptRequest("two", False, ["b", "c"], [])]
+
+
+def test_word_lists_are_items_not_comma_separated_strings():
+    # TensorRT-LLM's current preprocessing takes each item as one word (its older one split on commas).
+    batch = PromptBatch.parse({"text_input": np.array([[b"count"]], dtype=np.object_),
+                               "stop_words": words([["1, 2", "3"]])})
+    assert batch.prompts[0].stop_words == ["1, 2", "3"]
+
+
+def test_bad_rows_are_named():
+    with pytest.raises(InvalidInput, match=r"^stop_words\[1\]\[0\]: is not valid UTF-8"):
+        PromptBatch.parse({"text_input": np.array([[b"a"], [b"b"]], dtype=np.object_),
+                           "stop_words": np.array([[b"ok"], [b"\xff"]], dtype=np.object_)})
+
+
+def test_one_encode_call_per_kind_of_text_for_every_prompt_of_every_request(tokenizers, monkeypatch):
+    ours, reference = tokenizers
+    calls = []
+    encode = ours._fast.encode_batch
+    monkeypatch.setattr(ours, "_fast", type("Counting", (), {
+        "encode_batch": lambda self, texts, add_special_tokens: calls.append(len(texts)) or encode(
+            texts, add_special_tokens=add_special_tokens)})())
+    first = PromptBatch([PromptRequest("The capital of France is", stop_words=[" Paris", "\n"]),
+                         PromptRequest("Hi", chat=True, bad_words=[" hello"])])
+    second = PromptBatch([PromptRequest("1, 2, 3,", bad_words=[" 4", " 5"])])
+    one, two = ours.respond([first, second])
+    assert sorted(calls) == [2, 6]  # the two raw prompts; the templated prompt with the five words
+    expected = [reference("The capital of France is").input_ids,
+                reference.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=True)["input_ids"]]
+    rows = [row[:length].tolist() for row, length in zip(one["input_ids"], one["input_lengths"][:, 0])]
+    assert rows == expected
+    ids = lambda word: reference(word, add_special_tokens=False).input_ids  # noqa: E731
+    assert [[[t for t in w if t != -1] for w in row if (w != -1).any()] for row in one["stop_words_ids"]] == [
+        [ids(" Paris"), ids("\n")], []]
+    assert [[[t for t in w if t != -1] for w in row if (w != -1).any()] for row in one["bad_words_ids"]] == [
+        [], [ids(" hello")]]
+    assert two["bad_words_ids"].shape[:2] == (1, 2) and two["stop_words_ids"].tolist() == [[[-1]]]
+    assert one["delivery_acknowledged"].tolist() == [[True], [True]]
+
+
+def test_without_bad_words_no_bad_words_output(tokenizers):
+    result, = tokenizers[0].respond([PromptBatch([PromptRequest("Hello", bad_words=[""])])])
+    assert set(result) == {"input_ids", "input_lengths", "stop_words_ids", "delivery_acknowledged"}
+
+
+@pytest.mark.parametrize("prompts, message", [
+    ([PromptRequest("fine"), PromptRequest("")], "text_input (prompt 1): is empty"),
+    ([PromptRequest("x", bad_words=["w"] * (MAX_STOP_WORDS + 1))], f"bad_words: 17 words is over the limit of {MAX_STOP_WORDS}"),
+])
+def test_a_bad_prompt_fails_its_request_named_others_go_on(tokenizers, prompts, message):
+    bad, good = tokenizers[0].respond([PromptBatch(prompts), PromptBatch([PromptRequest("fine")])])
+    assert isinstance(bad, InvalidInput) and str(bad).startswith(message)
+    assert good["input_ids"].size > 0
+
+
+@pytest.fixture(scope="module")
+def detokenizer(tokenizers):
+    return StreamDetokenizer.from_folder(model_sources.llm_model_dir())
+
+
+def chunk(output_ids, context_ids=(), final=True, **more) -> dict:
+    inputs = {"output_ids": np.array([output_ids], dtype=np.int32).reshape(1, -1),
+              "context_ids": np.array([context_ids], dtype=np.int32).reshape(1, -1), "is_final": np.array([[final]]),
+              "finish_reason": np.array([[b"stop"]], dtype=np.object_), "prompt_tokens": np.array([[3]], dtype=np.int32),
+              "completion_tokens": np.array([[len(output_ids)]], dtype=np.int32)}
+    inputs.update(more)
+    return inputs
+
+
+@pytest.mark.parametrize("prompt, answer", [("The capital of France is", " Paris."), ("Grüße aus", " Köln ✓"),
+                                            ("<|im_start|>user\nHi<|im_end|>\n", "Hello!")])
+def test_a_whole_answer_with_its_prompt_is_one_decode_of_both(tokenizers, detokenizer, prompt, answer):
+    _, reference = tokenizers
+    prompt_ids = reference(prompt, add_special_tokens=False).input_ids
+    answer_ids = reference(answer, add_special_tokens=False).input_ids
+    request = DetokenizeRequest.parse(chunk(answer_ids, echo_ids=np.array([prompt_ids], dtype=np.int32)))
+    text, = detokenizer.respond([request], lambda delivery: None)
+    assert text["text_output"].shape == (1,)  # as TensorRT-LLM's postprocessing: its clients read output[0]
+    assert text["text_output"][0].decode() == reference.decode(prompt_ids + answer_ids, skip_special_tokens=True)
+    assert text["completion_tokens"].tolist() == [[len(answer_ids)]]  # the prompt is not counted as generated
+
+
+def test_contract_outputs_pass_through_only_when_sent(detokenizer):
+    sent = {"batch_index": np.array([[1]], dtype=np.int32), "sequence_index": np.array([[2]], dtype=np.int32),
+            "output_log_probs": np.array([[[-0.5, -0.25]]], dtype=np.float32),
+            "first_token_time_ns": np.array([[123]], dtype=np.int64)}
+    with_them, without = detokenizer.respond([DetokenizeRequest.parse(chunk([100, 101], **sent)),
+                                              DetokenizeRequest.parse(chunk([100]))], lambda delivery: None)
+    assert {name: with_them[name].tolist() for name in sent} == {name: value.tolist() for name, value in sent.items()}
+    assert not set(sent) & set(without)

@@ -1,0 +1,191 @@
+"""A request's sequences fanned out to the generation loop and joined back into one response
+stream (tritonfront.fanout): batch and sequence indices, one final flag after the last sequence,
+one error for a failed request, what each request asked for beside text; and the log probs and
+times the loop's chunks carry for it."""
+import math
+
+import numpy as np
+import pytest
+
+from tritonfront.engines import Engine, EngineOutput, SamplingParams
+from tritonfront.fanout import GroupResponder, submit_group
+from tritonfront.generation import Completion, GenerationLoop
+from tritonfront.generation_request import GenerationRequest, ResponseOptions
+from tritonfront.trtllm_contract import PERF_METRIC_OUTPUTS, UNMEASURED_PERF_METRICS
+
+EOS = 2
+
+
+class Engine3(Engine):
+    """Records what it is given; a test emits its outputs."""
+
+    context_length, vocab_size, eos_token_ids = 100, 1000, frozenset({EOS})
+
+    def __init__(self):
+        self.added, self.cancelled, self.pending, self.refuse_after = {}, [], [], None
+
+    def add(self, request_id, prompt_ids, params):
+        if self.refuse_after is not None and len(self.added) >= self.refuse_after:
+            raise RuntimeError("the engine is full")
+        self.added[request_id] = (list(prompt_ids), params)
+
+    def cancel(self, request_id):
+        self.cancelled.append(request_id)
+
+    def outputs(self, timeout):
+        outputs, self.pending = self.pending, []
+        return outputs
+
+    def shutdown(self):
+        pass
+
+
+class TritonSide:
+    """Responses of Triton requests as the glue's StreamResponder would send them."""
+
+    def __init__(self):
+        self.sent, self.errors, self.cancelled = [], [], set()
+
+    def send(self, handle, reply):
+        self.sent.append((handle, reply.tensors(), reply.final))
+
+    def fail(self, handle, error):
+        self.errors.append((handle, str(error)))
+
+    def is_cancelled(self, handle):
+        return handle in self.cancelled
+
+
+@pytest.fixture
+def setup():
+    engine, triton = Engine3(), TritonSide()
+    loop = GenerationLoop(engine, GroupResponder(triton), stream_interval=1, context_window=8, poll_s=0,
+                          idle_cancel_check_s=0)
+    return engine, triton, loop
+
+
+def sequences(prompts=((5, 6, 7),), count=1, stream=False, options=ResponseOptions(), max_tokens=4):
+    return [GenerationRequest(list(prompt), SamplingParams(max_tokens=max_tokens), (), stream, False, b, s, options)
+            for b, prompt in enumerate(prompts) for s in range(count)]
+
+
+def run(engine, loop, script):
+    """script: per step, a list of (engine request number, tokens, finished[, log probs])."""
+    ids = list(engine.added)
+    for step in script:
+        for number, tokens, finished, *log_probs in step:
+            engine.pending.append(EngineOutput(ids[number], tokens, finished))
+            if log_probs:
+                engine.pending[-1].log_probs = log_probs[0]
+        loop.step()
+
+
+def column(outputs, name):
+    return outputs[name].reshape(-1).tolist()
+
+
+def test_every_sequence_answers_its_request_tagged_and_only_the_last_end_is_final(setup):
+    engine, triton, loop = setup
+    submit_group(loop, "req", sequences(prompts=((5, 6), (7,)), count=2, stream=True))
+    assert [prompt for prompt, _ in engine.added.values()] == [[5, 6], [5, 6], [7], [7]]
+    run(engine, loop, [[(0, [100], False), (1, [110], False), (2, [120], True), (3, [130], False)],
+                       [(0, [101], True), (1, [111], True)],
+                       [(3, [131], True)]])
+    tags = [(column(out, "batch_index")[0], column(out, "sequence_index")[0], column(out, "output_ids"), final)
+            for handle, out, final in triton.sent]
+    assert {handle for handle, _, _ in triton.sent} == {"req"}
+    assert tags == [(0, 0, [100], False), (0, 1, [110], False), (1, 0, [120], False), (1, 1, [130], False),
+                    (0, 0, [101], False), (0, 1, [111], False), (1, 1, [131], True)]
+    # Each sequence's own end still reaches the detokenizer, which flushes that stream.
+    assert [column(out, "is_final")[0] for _, out, _ in triton.sent] == [False, False, True, False, True, True, True]
+
+
+def test_a_whole_answer_that_includes_its_prompt_carries_the_prompt_ids(setup):
+    engine, triton, loop = setup
+    submit_group(loop, "whole", sequences())
+    submit_group(loop, "excluded", sequences(options=ResponseOptions(exclude_input=True)))
+    submit_group(loop, "streamed", sequences(stream=True))
+    run(engine, loop, [[(0, [100, 101], True), (1, [100], True), (2, [100], False)], [(2, [101], True)]])
+    echoes = {handle: column(out, "echo_ids") for handle, out, _ in triton.sent if "echo_ids" in out}
+    assert echoes == {"whole": [5, 6, 7]}  # streamed chunks and excluded answers never start with the prompt
+    whole, = [out for handle, out, _ in triton.sent if handle == "whole"]
+    assert column(whole, "output_ids") == [100, 101] and column(whole, "completion_tokens") == [2]
+
+
+def test_log_probs_counts_and_times_on_request(setup):
+    engine, triton, loop = setup
+    options = ResponseOptions(True, log_probs=True, perf_metrics=True, num_input_tokens=True, num_output_tokens=True)
+    submit_group(loop, "asked", sequences(stream=True, options=options))
+    submit_group(loop, "plain", sequences(stream=True))
+    run(engine, loop, [[(0, [100, 101], False, [-0.5, -1.0]), (1, [100], False, [-0.5])],
+                       [(0, [102], True, [-0.25]), (1, [101], True, [-1.0])]])
+    asked = [out for handle, out, _ in triton.sent if handle == "asked"]
+    assert [out["output_log_probs"].shape for out in asked] == [(1, 1, 2), (1, 1, 1)]
+    assert [column(out, "output_log_probs") for out in asked] == [[-0.5, -1.0], [-0.25]]
+    assert [column(out, "cum_log_probs") for out in asked] == [[-1.5], [-1.75]]  # over everything sent so far
+    assert [column(out, "num_output_tokens") for out in asked] == [[2], [1]]  # this response's tokens
+    assert [column(out, "num_input_tokens") for out in asked] == [[3], [3]]
+    first, last = asked
+    assert 0 < first["arrival_time_ns"][0, 0] <= first["first_token_time_ns"][0, 0] == last["first_token_time_ns"][0, 0]
+    assert first["last_token_time_ns"][0, 0] <= last["last_token_time_ns"][0, 0]
+    assert all(last[name][0, 0] == 0 for name in UNMEASURED_PERF_METRICS)
+    assert set(PERF_METRIC_OUTPUTS) <= set(last)
+    plain = [out for handle, out, _ in triton.sent if handle == "plain"]
+    assert not {"cum_log_probs", "output_log_probs", "num_input_tokens", "arrival_time_ns"} & set(plain[0])
+
+
+def test_a_failed_sequence_fails_its_request_once_and_cancels_the_others(setup):
+    engine, triton, loop = setup
+    submit_group(loop, "req", sequences(count=3, stream=True))
+    submit_group(loop, "other", sequences(stream=True))
+    run(engine, loop, [[(0, [100], False)]])
+    engine.pending.append(EngineOutput(list(engine.added)[1], [], True, error="out of memory"))
+    loop.step()
+    run(engine, loop, [[(0, [101], False), (2, [100], False), (3, [100], False)], []])
+    assert triton.errors == [("req", "out of memory")]
+    assert [handle for handle, _, _ in triton.sent] == ["req", "other"]  # nothing of req after its error
+    ids = list(engine.added)
+    assert {ids[0], ids[2]} <= set(engine.cancelled) and ids[3] not in engine.cancelled
+
+
+def test_a_cancelled_request_cancels_every_sequence(setup):
+    engine, triton, loop = setup
+    submit_group(loop, "req", sequences(prompts=((5,), (6,)), count=2, stream=True))
+    run(engine, loop, [[(0, [100], False)]])
+    triton.cancelled.add("req")
+    loop.step()
+    assert sorted(engine.cancelled) == sorted(engine.added)
+    finals = [final for _, _, final in triton.sent]
+    assert finals.count(True) == 1 and finals[-1]  # Triton's final flag comes once, last
+    assert [column(out, "finish_reason") for _, out, _ in triton.sent[1:]] == [[b"cancelled"]] * 4
+
+
+def test_a_sequence_the_engine_refuses_fails_the_request_and_frees_the_others(setup):
+    engine, triton, loop = setup
+    engine.refuse_after = 1
+    with pytest.raises(RuntimeError, match="the engine is full"):
+        submit_group(loop, "req", sequences(count=2))
+    loop.step()
+    assert engine.cancelled == list(engine.added) and not triton.sent  # the caller sends the error
+
+
+def test_log_probs_travel_with_their_ids_through_stop_word_hold_back():
+    completion = Completion(3, stop_sequences=[[7, 8, 9]], eos_ids=frozenset({EOS}), stream=True)
+    chunks = completion.on_tokens([5, 7, 8], log_probs=[-0.1, -0.2, -0.3])  # 7, 8 held: they may start [7, 8, 9]
+    chunks += completion.on_tokens([6], log_probs=[-0.4])  # no: released with their own log probs
+    chunks += completion.on_tokens([7, 8, 9, 4], log_probs=[-0.5, -0.6, -0.7, -0.8])  # a stop word: dropped
+    assert [(c.output_ids, c.log_probs) for c in chunks] == [([5], [-0.1]), ([7, 8, 6], [-0.2, -0.3, -0.4]),
+                                                             ([], [])]
+    assert chunks[-1].finish_reason == "stop"
+
+
+def test_held_ids_released_at_the_end_keep_their_log_probs():
+    completion = Completion(3, stop_sequences=[[7, 8, 9]], eos_ids=frozenset({EOS}))
+    chunks = completion.on_tokens([5, 7, 8, EOS], log_probs=[-0.1, -0.2, -0.3, -0.9])
+    assert [(c.output_ids, c.log_probs) for c in chunks] == [([5, 7, 8], [-0.1, -0.2, -0.3])]
+
+
+def test_without_engine_log_probs_each_id_has_nan():
+    chunk, = Completion(3, stream=True).on_tokens([5, 6])
+    assert chunk.output_ids == [5, 6] and all(math.isnan(p) for p in chunk.log_probs)
+    assert chunk.first_token_ns == chunk.last_token_ns > 0

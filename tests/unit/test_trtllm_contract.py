@@ -1,0 +1,99 @@
+"""The committed configs serve TensorRT-LLM's ensemble contract (tritonfront.trtllm_contract)
+exactly: names, types, shapes and optional flags of the `generate` / `ensemble` model, every
+input reaching the step that reads it, every output coming from the last step."""
+import os
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from tritonfront import trtllm_contract as contract
+
+ROOT = Path(__file__).resolve().parents[2]
+DTYPE = model_config_pb2.DataType
+
+
+def config(path: Path) -> model_config_pb2.ModelConfig:
+    return text_format.Parse((path / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+@pytest.fixture(scope="module")
+def ensemble():
+    return config(ROOT / "ensembles" / "generate")
+
+
+def declared(tensors) -> dict:
+    return {t.name: (DTYPE.Name(t.data_type), tuple(t.dims), getattr(t, "optional", False)) for t in tensors}
+
+
+def expected(specs) -> dict:
+    return {s.name: (s.dtype, s.dims, s.optional) for s in specs}
+
+
+def test_ensemble_and_generate_are_one_config_named_by_their_folders(ensemble):
+    link = ROOT / "ensembles" / "ensemble"
+    assert link.is_symlink() and os.readlink(link) == "generate"
+    assert ensemble.name == ""  # Triton takes each name from its folder
+    assert ensemble.platform == "ensemble"
+
+
+def test_the_ensemble_declares_exactly_the_contract(ensemble):
+    assert declared(ensemble.input) == expected([*contract.INPUTS, *contract.EXTRA_INPUTS])
+    assert declared(ensemble.output) == expected([*contract.OUTPUTS, *contract.EXTRA_OUTPUTS])
+    # TensorRT-LLM's order first, ours after: a reader can compare the two files side by side.
+    assert [t.name for t in ensemble.input][:len(contract.INPUTS)] == [s.name for s in contract.INPUTS]
+
+
+def test_every_input_reaches_a_step_that_declares_it_with_the_same_type(ensemble):
+    steps = {step.model_name: step for step in ensemble.ensemble_scheduling.step}
+    assert list(steps) == ["llm_tokenizer", "llm", "detokenizer"]
+    ensemble_inputs = {t.name: t for t in ensemble.input}
+    read = set()
+    for name, step in steps.items():
+        model = {t.name: t for t in config(ROOT / "model_repository" / name).input}
+        for key, value in step.input_map.items():
+            assert key in model, f"{name} does not declare {key}"
+            if value in ensemble_inputs:
+                read.add(value)
+                assert (model[key].data_type, list(model[key].dims)) == (
+                    ensemble_inputs[value].data_type, list(ensemble_inputs[value].dims)), (name, key)
+                assert model[key].optional or not ensemble_inputs[value].optional, (name, key)
+    assert read == set(ensemble_inputs)
+
+
+def test_every_output_comes_from_the_detokenizer_which_declares_it(ensemble):
+    last = ensemble.ensemble_scheduling.step[-1]
+    detokenizer = {t.name: t for t in config(ROOT / "model_repository" / "detokenizer").output}
+    assert {value: key for key, value in last.output_map.items()} == {t.name: t.name for t in ensemble.output}
+    for output in ensemble.output:
+        assert (detokenizer[output.name].data_type, list(detokenizer[output.name].dims)) == (
+            output.data_type, list(output.dims)), output.name
+
+
+def test_what_the_llm_sends_the_detokenizer_passes_on(ensemble):
+    llm = {t.name for t in config(ROOT / "model_repository" / "llm").output}
+    detokenizer = config(ROOT / "model_repository" / "detokenizer")
+    optional_inputs = {t.name for t in detokenizer.input if t.optional}
+    for name in (*contract.ALWAYS_PASSED, *contract.REQUESTED_PASSED):
+        assert name in llm and name in optional_inputs and name in {t.name for t in detokenizer.output}
+
+
+def test_contract_tables_name_only_contract_inputs():
+    names = {s.name for s in (*contract.INPUTS, *contract.EXTRA_INPUTS)}
+    assert set(contract.UNSUPPORTED) <= names
+    assert set(contract.ALIASES) | set(contract.ALIASES.values()) <= names
+    outputs = {s.name for s in contract.OUTPUTS}
+    assert set(contract.REQUESTED_PASSED) | set(contract.ALWAYS_PASSED) <= outputs
+    assert set(contract.UNMEASURED_PERF_METRICS) <= set(contract.PERF_METRIC_OUTPUTS)
+
+
+def test_a_deployment_serves_both_names_from_the_one_config(tmp_path):
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "configure.py"), "--out", str(tmp_path), "--dp", "2"],
+                   check=True, capture_output=True)
+    written = {name: config(tmp_path / "ensembles" / name) for name in ("generate", "ensemble")}
+    assert written["generate"] == written["ensemble"] and written["generate"].name == ""
+    assert (tmp_path / "ensembles" / "ensemble" / "1").resolve() == (ROOT / "ensembles" / "generate" / "1").resolve()
