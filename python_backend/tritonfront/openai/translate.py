@@ -105,7 +105,12 @@ def chat_plan(request: ChatCompletionRequest, contract: Contract, prompts: Promp
     inputs = _Inputs(contract)
     inputs.put("messages", prompt, "text_input")
     limit, limit_param = request.completion_limit
-    inputs.put(limit_param, prompts.room(prompt) if limit is None else limit, "max_tokens")
+    if limit is None:  # vLLM's default: as many tokens as the context leaves
+        limit = prompts.room(prompt)
+        if limit < 1:
+            raise invalid("messages", f"messages: the prompt leaves no room to generate in the model's context of "
+                                      f"{prompts.context_length} tokens")
+    inputs.put(limit_param, limit, "max_tokens")
     _sampling(request, inputs)
     if request.logprobs:
         _log_probs(inputs, "top_logprobs" if request.top_logprobs else "logprobs", request.top_logprobs or 0)
