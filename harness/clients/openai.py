@@ -31,7 +31,7 @@ def async_sdk(base_url: str, timeout: float = 120, **kwargs) -> openai.AsyncOpen
 @dataclass
 class Reply:
     status: int
-    headers: dict
+    headers: dict  # names in lower case
     text: str
 
     def json(self):
@@ -50,9 +50,13 @@ def call(base_url: str, method: str, path: str, body: Union[dict, bytes, None] =
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return Reply(response.status, dict(response.headers), response.read().decode())
+            return Reply(response.status, _lower(response.headers), response.read().decode())
     except urllib.error.HTTPError as error:
-        return Reply(error.code, dict(error.headers), error.read().decode())
+        return Reply(error.code, _lower(error.headers), error.read().decode())
+
+
+def _lower(headers) -> dict:
+    return {name.lower(): value for name, value in headers.items()}
 
 
 class ChatStreams:

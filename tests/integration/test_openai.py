@@ -135,12 +135,12 @@ def test_streams_end_with_done_and_carry_no_usage_unless_asked(openai_server):
 
 def test_stop_as_a_string_and_as_a_list_equals_generates_stop_words(client, openai_server):
     prompt = "1, 2, 3, 4, 5,"
-    for stop in (" 9", [" 8", " 9"]):
+    for stop, last in ((" 9", " 8,"), ([" 8", " 9"], " 7,")):
         answer = client.completions.create(model="generate", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
                                            stop=stop)
         expected = generate(openai_server, prompt, stop_words=[stop] if isinstance(stop, str) else stop)
         assert answer.choices[0].text == expected["text_output"] and answer.choices[0].finish_reason == "stop"
-        assert " 8" not in answer.choices[0].text and answer.choices[0].text.rstrip().endswith("7,")
+        assert answer.choices[0].text.endswith(last)  # the stop sequence itself is not in the answer
 
 
 def test_max_completion_tokens_and_max_tokens_limit_the_answer(client):
@@ -345,7 +345,7 @@ def test_a_front_without_triton_is_not_ready_and_says_so(tmp_path):
         assert call(base, "GET", "/v1/models").json()["data"] == []
         started = time.monotonic()
         reply = call(base, "POST", "/v1/completions", {"model": "generate", "prompt": "hi"})
-        assert reply.status == 503 and reply.headers["Retry-After"] and time.monotonic() - started < 30
+        assert reply.status == 503 and reply.headers["retry-after"] and time.monotonic() - started < 30
         assert error_of(reply)["code"] == "triton_unreachable"
     finally:
         front.terminate()

@@ -67,7 +67,10 @@ class Front:
     async def contract(self, model: str, kind: tuple[str, ...]):
         if model not in kind:
             if model in self.config.models:
-                raise invalid("model", f"model '{model}' does not serve this endpoint", code="wrong_endpoint")
+                other = "/v1/embeddings" if model in self.config.embed_models else \
+                    "/v1/completions and /v1/chat/completions"
+                raise invalid("model", f"model: '{model}' is served by {other}, not this endpoint",
+                              code="wrong_endpoint")
             raise model_not_found(model, self.config.models)
         return await self.triton.contract(model)
 

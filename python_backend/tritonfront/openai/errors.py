@@ -51,7 +51,7 @@ def unsupported(param: str, why: str) -> OpenAIError:
 
 
 def model_not_found(model: str, served: tuple[str, ...]) -> OpenAIError:
-    return OpenAIError(404, f"The model '{model}' does not exist; this server serves {', '.join(served)}",
+    return OpenAIError(404, f"model: '{model}' does not exist; this server serves {', '.join(served)}",
                        type=NOT_FOUND, param="model", code="model_not_found")
 
 
