@@ -51,49 +51,37 @@ def as_openai_error(error: BaseException) -> OpenAIError:
     return internal(error)
 
 
-class _Disconnected(Exception):
-    pass
-
-
 async def _until_disconnect(receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Disconnected()
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
-async def _race(work: Awaitable, watcher: asyncio.Task):
-    """The result of `work`, or _Disconnected when the client leaves first (work is cancelled)."""
-    task = asyncio.ensure_future(work)
-    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    raise _Disconnected()
+async def _first(*tasks: asyncio.Task) -> None:
+    """Waits for the first task to end, then cancels and awaits the others."""
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class WholeAnswer:
     """An ASGI response: the JSON `work` returns (awaited while the connection is watched), or its
-    OpenAIError; nothing is sent to a client that left."""
+    OpenAIError; a client that leaves cancels the work and is sent nothing."""
 
     def __init__(self, work: Awaitable):
         self.work = work
 
     async def __call__(self, scope, receive, send) -> None:
-        watcher = asyncio.ensure_future(_until_disconnect(receive))
-        try:
-            body = await _race(self.work, watcher)
-        except _Disconnected:
+        work = asyncio.ensure_future(self.work)
+        await _first(work, asyncio.ensure_future(_until_disconnect(receive)))
+        if work.cancelled():
             return
-        except BaseException as error:  # noqa: BLE001 - the client gets an error, never a traceback
-            if isinstance(error, asyncio.CancelledError):
-                raise
-            await send_error(send, as_openai_error(error))
+        if work.exception() is not None:
+            await send_error(send, as_openai_error(work.exception()))
             return
-        finally:
-            watcher.cancel()
-        await send_json(send, 200, body)
+        await send_json(send, 200, work.result())
 
 
 class EventStream:
@@ -101,31 +89,25 @@ class EventStream:
 
     def __init__(self, events: AsyncIterator[bytes]):
         self.events = events
+        self.started = False
 
     async def __call__(self, scope, receive, send) -> None:
-        watcher = asyncio.ensure_future(_until_disconnect(receive))
-        started = False
         try:
-            while True:
-                try:
-                    chunk = await _race(self.events.__anext__(), watcher)
-                except StopAsyncIteration:
-                    break
-                if not started:
+            await _first(asyncio.ensure_future(self._pump(send)), asyncio.ensure_future(_until_disconnect(receive)))
+        finally:
+            await self.events.aclose()
+
+    async def _pump(self, send) -> None:
+        try:
+            async for chunk in self.events:
+                if not self.started:
                     await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
-                    started = True
+                    self.started = True
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except _Disconnected:
-            return
-        except BaseException as error:  # noqa: BLE001 - the client gets an error, never a traceback
-            if isinstance(error, asyncio.CancelledError):
-                raise
+        except Exception as error:  # the client gets an error, never a traceback
             error = as_openai_error(error)
-            if not started:
+            if not self.started:
                 await send_error(send, error)
             else:
                 await send({"type": "http.response.body", "body": event(error.body()), "more_body": False})
-        finally:
-            watcher.cancel()
-            await self.events.aclose()
