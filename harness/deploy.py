@@ -6,9 +6,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Optional
 
-from .paths import ENSEMBLES, MODEL_REPOSITORY, ROOT
+from .paths import BASELINES, ENSEMBLES, MODEL_REPOSITORY, ROOT
 
 GENERATE_MODELS = ("llm_tokenizer", "llm", "detokenizer", "generate")
 EMBED_MODELS = ("tokenizer", "encoder", "pooler", "embed", "embed_tokens")
@@ -16,11 +16,12 @@ ALL_MODELS = ("tokenizer", "encoder", "pooler", "embed", "llm_tokenizer", "llm",
 
 
 def write_deployment(out: Path, *configure_args: str, keep: Iterable[str] = GENERATE_MODELS,
-                     llm_copies: dict[str, dict] = {}) -> list[Path]:
+                     llm_copies: dict[str, dict] = {}, llm_baselines: Iterable[str] = ()) -> list[Path]:
     """scripts/configure.py's deployment in `out`, cut to the models in `keep` (a second server
     beside another has to start on a small machine); `llm_copies`: name -> parameters of extra
-    copies of `llm` (same code and instance groups), for an A/B in one server. Returns the
-    repositories to serve."""
+    copies of `llm` (same code and instance groups), for an A/B in one server; `llm_baselines`:
+    models of perf/baseline_repository served with the deployment's llm config and their own code.
+    Returns the repositories to serve."""
     subprocess.run([sys.executable, str(ROOT / "scripts" / "configure.py"), "--out", str(out), *configure_args],
                    check=True, capture_output=True)
     keep = set(keep)
@@ -29,12 +30,15 @@ def write_deployment(out: Path, *configure_args: str, keep: Iterable[str] = GENE
             shutil.rmtree(model)
     for name, parameters in llm_copies.items():
         copy_model(out, "llm", name, **parameters)
+    for name in llm_baselines:
+        copy_model(out, "llm", name, code=BASELINES / name / "1")
     return [out / "model_repository", out / "ensembles"]
 
 
-def copy_model(out: Path, source: str, name: str, **parameters: str) -> None:
+def copy_model(out: Path, source: str, name: str, code: Optional[Path] = None, **parameters: str) -> None:
     """A model `name` in a deployment's model_repository: `source`'s config with these parameters
-    changed and the same code, so two variants can be compared in one server."""
+    changed and the same code (or the version folder `code`), so two variants can be compared in
+    one server."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
@@ -46,7 +50,7 @@ def copy_model(out: Path, source: str, name: str, **parameters: str) -> None:
     target = out / "model_repository" / name
     target.mkdir()
     (target / "config.pbtxt").write_text(text_format.MessageToString(config))
-    (target / "1").symlink_to((source_dir / "1").resolve())
+    (target / "1").symlink_to((code or source_dir / "1").resolve())
 
 
 def write_variant(model: str, name: str, target: Path, replacements: list[tuple[str, str]],

@@ -1,15 +1,16 @@
 #!/usr/bin/env python
 """The llm model's receive path: enqueue-only `execute` vs request preparation in the engine loop.
 
-Committed design (`llm`, prepare_requests_in "execute"): Triton's execute thread parses and
-validates a request and queues it into the engine; the generation loop thread only steps (takes
-the engine's outputs, sends chunks, checks cancellations). Baseline (`llm_loop`,
-prepare_requests_in "engine_loop"): execute hands the raw request over and the loop thread
-parses, validates and queues it between steps, as a scheduler loop that receives its own
-requests does. Both are copies of the same model (1 instance, torch on all cores) in one
-tritonserver, with record_step_times "true": the histogram tritonfront_llm_step_seconds holds
-the work of every loop turn once the engine's outputs are in hand (sending chunks, cancellation
-checks, load publishing, and for the baseline the preparation of the requests handed over).
+Committed design, served as `llm_step_timed` (perf/baseline_repository: the committed llm plus a
+step-time histogram): Triton's execute thread parses and validates a request and queues it into
+the engine; the generation loop thread only steps (takes the engine's outputs, sends chunks,
+checks cancellations). Baseline, `llm_prepare_in_loop` (perf/baseline_repository, built on the
+former): execute hands the raw request over and the loop thread parses, validates and queues it
+between steps, as a scheduler loop that receives its own requests does. Both run with the
+deployment's llm config (1 instance, torch on all cores) in one tritonserver; the histogram
+tritonfront_llm_step_seconds holds the work of every loop turn once the engine's outputs are in
+hand (sending chunks, cancellation checks, load publishing, and for the baseline the preparation
+of the requests handed over).
 
 Each round and variant: B background streams decode steadily (long max_tokens), then a burst of
 N requests arrives at once (short prompts, a few stop words each, so preparation does its real
@@ -38,7 +39,7 @@ from harness.server import benchmark_server
 from harness.stats import percentile
 from harness.triton_metrics import histogram, histogram_delta, histogram_quantile
 
-COMMITTED, BASELINE = "llm", "llm_loop"
+COMMITTED, BASELINE = "llm_step_timed", "llm_prepare_in_loop"
 VARIANTS = {COMMITTED: "execute (enqueue-only)", BASELINE: "engine_loop (baseline)"}
 STEP_METRIC = "tritonfront_llm_step_seconds"
 
@@ -120,8 +121,7 @@ def main() -> None:
         threads=(0, "torch threads (0: one per core)"))
     out = Path(tempfile.mkdtemp(prefix="bench_receive_"))
     repositories = write_deployment(
-        out, "--dp", "1", "--set", f"llm.num_threads={args.threads}", "--set", "llm.record_step_times=true",
-        llm_copies={BASELINE: {"prepare_requests_in": "engine_loop"}})
+        out, "--dp", "1", "--set", f"llm.num_threads={args.threads}", keep=("llm",), llm_baselines=VARIANTS)
     rounds = []
     with benchmark_server("bench_receive_path", list(VARIANTS), repositories) as server:
         warm = requests(4, args.burst_prompt, 4, seed=999, stop_words=args.stop_words)
@@ -147,8 +147,9 @@ def main() -> None:
         crashed = server.crashed()
 
     report.write_raw("bench_receive_path", rounds)
-    rep.add(f"One tritonserver, `llm` (prepare_requests_in \"execute\") and `llm_loop` (\"engine_loop\"), 1 instance "
-            f"each, torch threads {args.threads or 'one per core'}, record_step_times \"true\" on both. Per round and "
+    rep.add(f"One tritonserver, `{COMMITTED}` (the committed llm with a step-time histogram) and `{BASELINE}` "
+            f"(requests prepared by the loop thread), perf/baseline_repository, 1 instance each, torch threads "
+            f"{args.threads or 'one per core'}. Per round and "
             f"variant: {args.background} background streams (64-token prompts, max_tokens {args.background_tokens}) "
             f"decoding, then {args.burst} requests at once ({args.burst_prompt}-token prompts, max_tokens "
             f"{args.burst_tokens}, {args.stop_words} stop sequences each) over 8 gRPC streams to the llm model. "

@@ -9,6 +9,7 @@ set -euo pipefail
 source "$(dirname "$0")/../scripts/env.sh"
 cd "$TRITONFRONT_ROOT"
 benchmarks=(
+  "bench_peers"
   "bench_pooler"
   "bench_tokenizer"
   "bench_tokenizer_config"

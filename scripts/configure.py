@@ -38,6 +38,8 @@ if __name__ == "__main__":  # imported (by a test), it is already in some venv: 
 from google.protobuf import text_format  # noqa: E402 (installed in the venv entered above)
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
+from tritonfront.model_config import CONFIGS, PARAMETERS, ConfigError, validate  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 REPOSITORIES = ("model_repository", "ensembles")
 # Models whose work is a transformer forward pass: the ones --gpus moves to the GPU.
@@ -116,19 +118,70 @@ def configure(args) -> Path:
     return out
 
 
+def count(text: str) -> int:
+    """An instance count: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1: a model needs at least one instance")
+    return value
+
+
+def gpu_list(text: str) -> list[int]:
+    try:
+        gpus = [int(gpu) for gpu in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of GPU indices") from None
+    if not gpus or min(gpus) < 0 or len(set(gpus)) != len(gpus):
+        raise argparse.ArgumentTypeError(f"{text!r}: GPU indices must be distinct integers >= 0")
+    return gpus
+
+
+def check_overrides(parser, items: list[str]) -> None:
+    """--set MODEL.PARAM=VALUE against each model's typed config (tritonfront.model_config): the
+    model, the parameter and the value must all be ones the model accepts at load time."""
+    for item in items:
+        key, equals, value = item.partition("=")
+        model, dot, parameter = key.partition(".")
+        if not equals or not dot or not model or not parameter:
+            parser.error(f"--set {item!r}: expected MODEL.PARAM=VALUE, e.g. llm.balancing=none")
+        if model not in CONFIGS:
+            parser.error(f"--set {item!r}: unknown model {model!r}; models with parameters: {', '.join(CONFIGS)}")
+        if parameter not in PARAMETERS[model]:
+            parser.error(f"--set {item!r}: {model} has no parameter {parameter!r}; its parameters: "
+                         f"{', '.join(PARAMETERS[model])}")
+        try:
+            validate(model, parameter, value)
+        except ConfigError as error:
+            parser.error(f"--set {item!r}: {error}")
+
+
+def check_queues(parser, items: list[str]) -> None:
+    for item in items:
+        model, equals, spec = item.partition("=")
+        if not equals or model not in CONFIGS:
+            parser.error(f"--queue {item!r}: expected MODEL=SIZE[:TIMEOUT_MS] with MODEL one of {', '.join(CONFIGS)}")
+        size, _, timeout_ms = spec.partition(":")
+        for name, text in (("SIZE", size), ("TIMEOUT_MS", timeout_ms or "1")):
+            if not text.isdigit() or int(text) < 1:
+                parser.error(f"--queue {item!r}: {name} must be an integer >= 1, got {text!r}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder to write model_repository/ and ensembles/ into")
-    parser.add_argument("--dp", type=int, help="llm instances = data-parallel ranks (CPU)")
-    parser.add_argument("--gpus", type=lambda s: [int(g) for g in s.split(",")],
-                        help="e.g. 0,1: encoder on these GPUs, one llm DP rank per GPU")
-    parser.add_argument("--engine", choices=("hf", "tensorrt_llm"), help="llm engine")
-    parser.add_argument("--detokenizers", type=int, help="detokenizer instance count")
-    parser.add_argument("--tokenizers", type=int, help="tokenizer and llm_tokenizer instance count")
-    parser.add_argument("--encoders", type=int, help="encoder instance count (CPU)")
-    parser.add_argument("--poolers", type=int, help="pooler instance count")
+    parser.add_argument("--dp", type=count, help="llm instances = data-parallel ranks (CPU)")
+    parser.add_argument("--gpus", type=gpu_list, help="e.g. 0,1: encoder on these GPUs, one llm DP rank per GPU")
+    parser.add_argument("--engine", choices=PARAMETERS["llm"]["engine"].choices, help="llm engine")
+    parser.add_argument("--detokenizers", type=count, help="detokenizer instance count")
+    parser.add_argument("--tokenizers", type=count, help="tokenizer and llm_tokenizer instance count")
+    parser.add_argument("--encoders", type=count, help="encoder instance count (CPU)")
+    parser.add_argument("--poolers", type=count, help="pooler instance count")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.PARAM=VALUE",
-                        help="override a config.pbtxt parameter, e.g. llm.balancing=none")
+                        help="override a config.pbtxt parameter, e.g. llm.balancing=none (checked against the "
+                             "model's typed config: tritonfront/model_config.py)")
     parser.add_argument("--queue", action="append", default=[], metavar="MODEL=SIZE[:TIMEOUT_MS]",
                         help="queue policy: requests beyond SIZE are rejected at once, and one waiting "
                              "longer than TIMEOUT_MS is rejected; size it from the measured capacity "
@@ -136,6 +189,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.gpus and args.dp:
         parser.error("--dp is the number of GPUs when --gpus is given")
+    check_overrides(parser, args.set)
+    check_queues(parser, args.queue)
     out = configure(args)
     print(f'TRITONFRONT_REPOSITORIES="{out}/model_repository:{out}/ensembles"')
 

@@ -66,8 +66,9 @@ async def infer_once(client, model: str, inputs: list, scheduled: float, outputs
                      read: Optional[Callable] = None) -> Outcome:
     """One request; a served outcome holds read(result) (the result itself without `read`)."""
     outcome = Outcome(scheduled)
+    deadline = {} if timeout is None else {"client_timeout": timeout}  # the HTTP aio client has no such argument
     try:
-        result = await client.infer(model, inputs, outputs=outputs, client_timeout=timeout)
+        result = await client.infer(model, inputs, outputs=outputs, **deadline)
     except InferenceServerException as error:
         return outcome.fail(time.perf_counter(), error)
     return outcome.end(time.perf_counter(), SERVED, result=read(result) if read else result)

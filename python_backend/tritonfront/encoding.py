@@ -4,15 +4,55 @@ Sequences from all requests are sorted by length and cut into sub-batches, so a 
 never pays for the padding of a long one; results come back in the caller's order.
 """
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from .errors import InvalidInput
 from .inputs import Inputs, required
+from .load import MetricSpec
 from .ragged import pad, unpad
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What one dynamic batch asked of the encoder."""
+
+    texts: int
+    tokens: int  # real tokens
+    padding: int  # pad positions its length-sorted sub-batches add
+
+
+# Per dynamic batch of the encoder (one execute): texts and tokens, and tokens spent on padding.
+BATCH_TEXTS = MetricSpec("tritonfront_encoder_batch_texts", "Texts in one dynamic batch of the encoder", "histogram")
+BATCH_TOKENS = MetricSpec("tritonfront_encoder_batch_tokens", "Real tokens in one dynamic batch of the encoder",
+                          "histogram")
+TOKENS = MetricSpec("tritonfront_encoder_tokens_total", "Real tokens the encoder ran", "counter")
+PADDING = MetricSpec("tritonfront_encoder_padding_tokens_total",
+                     "Pad positions the encoder ran besides the real tokens (padding fraction: this / "
+                     "(this + tritonfront_encoder_tokens_total))", "counter")
+TEXT_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+TOKEN_BUCKETS = [2**k for k in range(3, 16)]
+
+
+class BatchMetrics:
+    """The encoder's batch metrics; `metric(spec, buckets)` makes each one (an object with
+    observe() or increment())."""
+
+    def __init__(self, metric: Callable[..., Any]):
+        self.source = metric  # kept: Triton deletes a metric family nothing holds, and its metrics with it
+        self.texts, self.tokens = metric(BATCH_TEXTS, TEXT_BUCKETS), metric(BATCH_TOKENS, TOKEN_BUCKETS)
+        self.real, self.padding = metric(TOKENS), metric(PADDING)
+
+    def observe(self, shape: BatchShape) -> None:
+        self.texts.observe(shape.texts)
+        self.tokens.observe(shape.tokens)
+        self.real.increment(shape.tokens)
+        if shape.padding:
+            self.padding.increment(shape.padding)
 
 
 def transformer_subfolder(model_dir: Path) -> Path:
@@ -80,6 +120,11 @@ class RaggedEncoder:
         if current:
             groups.append(current)
         return groups
+
+    def batch_shape(self, lengths: Sequence[int]) -> BatchShape:
+        padding = sum(lengths[group[0]] * len(group) - sum(lengths[i] for i in group)
+                      for group in self.sub_batches(lengths))
+        return BatchShape(len(lengths), sum(lengths), padding)
 
     @torch.inference_mode()
     def encode(self, sequences: Sequence[np.ndarray]) -> list[np.ndarray]:

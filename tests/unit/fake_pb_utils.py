@@ -5,6 +5,7 @@ Beside the real names it has what a test needs to play Triton's side: FakeReques
 execute gets), ResponseSender (records what is sent) and a record of the metrics made.
 """
 import threading
+import weakref
 
 import numpy as np
 
@@ -96,17 +97,28 @@ class FakeRequest:
 
 
 class Metric:
+    """Like the stub's, it fails once its family is gone: the stub deletes a MetricFamily when
+    nothing references it, and every later use of its metrics fails the request."""
+
     def __init__(self, family: "MetricFamily", labels: dict, buckets=None):
-        self.family, self.labels, self.buckets = family, labels, buckets
+        self._family, self.labels, self.buckets = weakref.ref(family), labels, buckets
+        self.name = family.name
         self.value, self.observations = 0, []
 
+    def _alive(self) -> None:
+        if self._family() is None:
+            raise RuntimeError(f"Failed to observe metric value: the MetricFamily {self.name} has been deleted")
+
     def set(self, value) -> None:
+        self._alive()
         self.value = value
 
     def increment(self, value) -> None:
+        self._alive()
         self.value += value
 
     def observe(self, value) -> None:
+        self._alive()
         self.observations.append(value)
 
 

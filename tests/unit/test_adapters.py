@@ -196,6 +196,12 @@ def test_encoder_outputs_padded_states_and_names_bad_ids(pb_utils):
     INVALID = pb_utils.TritonError.INVALID_ARG
     assert error_of(responses[1]) == (INVALID, f"input_ids[0]: token ids must be in 0..{model.encoder.vocab_size - 1}")
     assert error_of(responses[2]) == (INVALID, "input_lengths: each length must be in 1..4")
+    # Two batches computed: the good request (lengths 4 and 3: one pad position), then the solo one.
+    made = pb_utils.MetricFamily.made
+    assert made["tritonfront_encoder_batch_texts"][-1].observations == [2, 1]
+    assert made["tritonfront_encoder_batch_tokens"][-1].observations == [7, 3]
+    assert made["tritonfront_encoder_tokens_total"][-1].value == 10
+    assert made["tritonfront_encoder_padding_tokens_total"][-1].value == 1
 
 
 def test_pooler_computes_what_each_request_asked_for(pb_utils):

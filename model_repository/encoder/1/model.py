@@ -3,7 +3,7 @@ import os
 import triton_glue
 from tritonfront import devices, model_sources
 from tritonfront.core_sharing import CoreShare
-from tritonfront.encoding import RaggedEncoder
+from tritonfront.encoding import BatchMetrics, RaggedEncoder
 
 
 class TritonPythonModel:
@@ -20,8 +20,14 @@ class TritonPythonModel:
             self.cores = CoreShare.for_instance(args["model_name"], index, instances, os.getppid(), cores)
             self.cores.attach(self.encoder.model)
 
+        self.metrics = BatchMetrics(triton_glue.Metrics({"model": args["model_name"]}))
+
     def execute(self, requests):
         if self.cores is None:
-            return triton_glue.execute_batch(requests, self.encoder.parse, self.encoder.encode_requests)
+            return triton_glue.execute_batch(requests, self.encoder.parse, self.compute)
         with self.cores.computing():
-            return triton_glue.execute_batch(requests, self.encoder.parse, self.encoder.encode_requests)
+            return triton_glue.execute_batch(requests, self.encoder.parse, self.compute)
+
+    def compute(self, requests):
+        self.metrics.observe(self.encoder.batch_shape([len(seq) for sequences in requests for seq in sequences]))
+        return self.encoder.encode_requests(requests)

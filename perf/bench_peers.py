@@ -1,0 +1,468 @@
+#!/usr/bin/env python
+"""tritonfront against what a user would run instead, on the same machine, model and load.
+
+generate: the `generate` ensemble (gRPC streams) vs `transformers serve --continuous-batching`
+(OpenAI /v1/completions over SSE: the same transformers continuous batching engine, the same
+SmolLM2-135M folder, float32, CPU, the same KV cache size), and the engine alone in-process
+(tritonfront's HFEngine with the llm's committed config: the ceiling). Streaming, greedy
+(temperature 0), essay-style prompts, closed loops of N streams, max_tokens 64 and 256. Output
+tokens/s counts the tokens that arrived inside the measurement window; TTFT from the send; ITL is
+the gap between a stream's consecutive tokens. Streams still running at the end of the window are
+cancelled and every server is idle again before the next measurement.
+
+embed: the `embed` ensemble (tritonclient gRPC, and KServe HTTP) vs Infinity (its torch engine,
+batch size 32, OpenAI-style /embeddings over HTTP), the same MiniLM folder: closed loops of N
+clients sending single texts of ~90 and ~400 tokens, and client batches of 32 texts.
+
+Every pair is measured in one run: for each setting the variants run one after the other, their
+order alternating from round to round; verdicts use the median over rounds of each round's ratio.
+CPU: CPU-seconds of each server's processes per output token (per text for embed); for
+tritonfront, the llm stub's engine threads (named tf-engine) apart from everything else (the
+front end). Peers are installed into their own venvs under .cache/peers/ on first use.
+"""
+import asyncio
+import json
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness import accounting, peers, report
+from harness.clients.kserve import generate_inputs, text_inputs
+from harness.corpora import synthetic_texts
+from harness.load import http_api, streaming
+from harness.load.outcomes import SERVED, count
+from harness.load.schedule import closed_loop
+from harness.load.unary import infer_once
+from harness.paths import RAW
+from harness.server import benchmark_server
+from harness.stats import median, percentile
+from tritonfront import model_sources
+from tritonfront.engines.base import ENGINE_THREAD_NAME
+
+TOPICS = ("the history of tea", "why cities grow", "the life of bees", "learning a second language",
+          "the ocean at night", "how bridges stand", "the first computers", "winter in the mountains",
+          "the economics of bread", "a river's journey", "why we sleep", "the invention of printing",
+          "music and memory", "the desert after rain", "how maps are made", "a day in a lighthouse")
+TF, TS, CEILING = "tritonfront", "transformers serve", "engine in-process"
+TF_GRPC, TF_HTTP, INFINITY = "tritonfront gRPC", "tritonfront HTTP", "Infinity"
+
+
+def essay_prompts(count: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    styles = ("Write a detailed essay about", "Write a long essay on", "Explain in an essay", "Describe at length")
+    return [f"{styles[i % len(styles)]} {TOPICS[int(rng.integers(len(TOPICS)))]}, part {i}." for i in range(count)]
+
+
+@dataclass
+class Measure:
+    """One variant's measurement of one setting in one round."""
+    rate: float  # output tokens/s (generate) or texts/s (embed)
+    ttft_p50: float = float("nan")  # ms; embed: latency P50
+    ttft_p99: float = float("nan")
+    itl_p50: float = float("nan")
+    cpu_per_unit_ms: float = float("nan")  # CPU ms per output token / per text
+    engine_cpu_per_unit_ms: float = float("nan")
+    front_cpu_per_unit_ms: float = float("nan")
+    failed: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def window_tokens(records, start: float, end: float) -> int:
+    return sum(n for r in records for t, n in r.arrivals if start <= t <= end)
+
+
+def stream_measure(records, start: float, end: float, cpu_s: float, engine_cpu_s=None) -> Measure:
+    tokens = window_tokens(records, start, end)
+    started = [r for r in records if r.first is not None]
+    ttft = [r.ttft * 1000 for r in started]
+    gaps = [g * 1000 for r in records for g in r.gaps()]
+    per = lambda seconds: seconds * 1000 / max(tokens, 1)  # noqa: E731
+    m = Measure(tokens / (end - start), percentile(ttft, 50), percentile(ttft, 99), percentile(gaps, 50),
+                per(cpu_s), failed=sum(1 for r in records if r.error and r.error != streaming.UNFINISHED))
+    if engine_cpu_s is not None:
+        m.engine_cpu_per_unit_ms, m.front_cpu_per_unit_ms = per(engine_cpu_s), per(cpu_s - engine_cpu_s)
+    return m
+
+
+class CpuMeter:
+    """CPU seconds of a process tree, and of its threads named `engine` (tritonfront's llm stub)."""
+
+    def __init__(self, pid: int, engine_pid_of=None):
+        self.pid, self.engine_pid_of = pid, engine_pid_of
+
+    def read(self) -> tuple[float, float]:
+        total = accounting.tree_cpu_seconds(self.pid)
+        engine_pid = self.engine_pid_of() if self.engine_pid_of else None
+        engine = accounting.split_thread_cpu(engine_pid, (ENGINE_THREAD_NAME,))[0] if engine_pid else 0.0
+        return total, engine
+
+
+def llm_stub_pid(server) -> int:
+    from tritonfront.watchdog import live_stubs
+
+    return next(pid for pid, (model, _) in live_stubs(server.pid).items() if model == "llm")
+
+
+async def run_tritonfront(server, prompts, streams: int, max_tokens: int, duration: float, meter: CpuMeter):
+    reader = streaming.read_generate()
+    make = lambda n: streaming.Request(generate_inputs(prompts[n % len(prompts)], max_tokens, stream=True,  # noqa
+                                                      temperature=0.0))
+    pool = streaming.StreamPool(server.grpc_url, reader, connections=min(streams, 8))
+    before = meter.read()
+    start = time.perf_counter()
+
+    async def send(number: int, now: float):
+        await pool.send("generate", make(number), now).wait()
+
+    await closed_loop(send, streams, duration, drain_timeout=0.0)
+    end = time.perf_counter()
+    after = meter.read()
+    records = await pool.close(0.1)  # cancels what still runs
+    return stream_measure(records, start, end, after[0] - before[0], after[1] - before[1])
+
+
+async def run_transformers_serve(peer, prompts, streams: int, max_tokens: int, duration: float, meter: CpuMeter):
+    body = lambda n: {"model": peer.model, "prompt": prompts[n % len(prompts)], "max_tokens": max_tokens,  # noqa
+                      "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    before = meter.read()
+    start = time.perf_counter()
+    records = await http_api.stream_closed_loop(f"{peer.url}/v1/completions", body, streams, duration,
+                                                drain_timeout=0.0)
+    end = time.perf_counter()
+    after = meter.read()
+    return stream_measure(records, start, end, after[0] - before[0])
+
+
+def run_ceiling(engine, prompt_ids, streams: int, max_tokens: int, duration: float) -> Measure:
+    """The engine alone: `streams` requests kept in flight for `duration`, in this process."""
+    from tritonfront.engines import SamplingParams
+
+    records, live, numbers = {}, {}, iter(range(10**9))
+
+    def add(now: float):
+        number = next(numbers)
+        request_id = f"c{number}-{id(records)}"
+        records[request_id] = streaming.Record({}, now)
+        live[request_id] = True
+        engine.add(request_id, prompt_ids[number % len(prompt_ids)], SamplingParams(max_tokens=max_tokens))
+
+    engine_cpu = lambda: accounting.split_thread_cpu(accounting.os.getpid(), (ENGINE_THREAD_NAME,))[0]  # noqa
+    before = engine_cpu()
+    start = time.perf_counter()
+    for _ in range(streams):
+        add(start)
+    while time.perf_counter() - start < duration:
+        for output in engine.outputs(0.05):
+            now = time.perf_counter()
+            record = records.get(output.request_id)
+            if record is None or output.request_id not in live:
+                continue
+            if output.token_ids:
+                record.arrivals.append((now, len(output.token_ids)))
+                record.tokens += len(output.token_ids)
+                record.first = record.first or now
+            if output.finished:
+                record.done = now
+                del live[output.request_id]
+                add(now)
+    end = time.perf_counter()
+    cpu = engine_cpu() - before
+    for request_id in list(live):
+        engine.cancel(request_id)
+    drained = time.perf_counter()
+    while time.perf_counter() - drained < 2:  # let the cancellations leave the batch
+        engine.outputs(0.05)
+    return stream_measure(list(records.values()), start, end, cpu, cpu)
+
+
+def wait_quiet(pids: list[int], cores: float = 0.15, timeout: float = 120) -> None:
+    """Until these process trees use under `cores` for a second: cancelled work has left."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = sum(accounting.tree_cpu_seconds(p) for p in pids)
+        time.sleep(1.0)
+        if sum(accounting.tree_cpu_seconds(p) for p in pids) - before < cores:
+            return
+
+
+def embed_requests(kind: str, texts: list[str], batch: int, model: str = "") -> list:
+    """Prebuilt requests, one per batch of texts (building them per request would cost the client
+    the CPU the servers need)."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    batches = [texts[k:k + batch] for k in range(0, len(texts) - batch + 1, batch)]
+    if kind == INFINITY:
+        return [{"model": model, "input": chosen} for chosen in batches]
+    return [text_inputs(chosen, grpcclient if kind == TF_GRPC else httpclient) for chosen in batches]
+
+
+async def embed_closed_loop(kind: str, target: str, requests: list, clients: int, duration: float) -> list:
+    """Outcomes of a closed loop of `clients` sending the prebuilt requests in turn."""
+    if kind == INFINITY:
+        async with http_api.session() as client:
+            send = lambda n, now: http_api.embeddings_once(client, f"{target}/embeddings",  # noqa: E731
+                                                          requests[n % len(requests)], now)
+            return await closed_loop(send, clients, duration, drain_timeout=120)
+    if kind == TF_GRPC:
+        import tritonclient.grpc.aio as aio
+        client = aio.InferenceServerClient(target)
+        outputs = [aio.InferRequestedOutput("embedding")]
+    else:
+        import tritonclient.http.aio as aio
+        client = aio.InferenceServerClient(target, conn_limit=clients + 4, conn_timeout=600)
+        outputs = [aio.InferRequestedOutput("embedding")]
+    try:
+        send = lambda n, now: infer_once(client, "embed", requests[n % len(requests)], now, outputs)  # noqa: E731
+        return await closed_loop(send, clients, duration, drain_timeout=120)
+    finally:
+        await client.close()
+
+
+def embed_measure(outcomes, batch: int, start: float, end: float, cpu_s: float) -> Measure:
+    """Texts/s of the requests answered inside the window; latency of every answered request."""
+    served = [o for o in outcomes if o.kind == SERVED]
+    latency = [o.latency_s * 1000 for o in served]
+    texts = sum(batch for o in served if start <= o.ended <= end)
+    return Measure(texts / (end - start), percentile(latency, 50), percentile(latency, 99),
+                   cpu_per_unit_ms=cpu_s * 1000 / max(len(served) * batch, 1), failed=len(outcomes) - len(served),
+                   extra={k: v for k, v in count(outcomes).items() if v and k != SERVED})
+
+
+def rounds_of(run, variants: list[str], rounds: int, label: str) -> list[dict]:
+    """`rounds` x run(variant) for every variant, their order alternating from round to round."""
+    out = []
+    for k in range(rounds):
+        order = variants if k % 2 == 0 else list(reversed(variants))
+        measured = {}
+        for variant in order:
+            measured[variant] = run(variant)
+            m = measured[variant]
+            print(f"{label} round {k + 1} {variant:22s} rate {m.rate:8.1f}  p50 {m.ttft_p50:8.0f}  p99 {m.ttft_p99:8.0f}"
+                  f"  itl50 {m.itl_p50:6.0f}  cpu/unit {m.cpu_per_unit_ms:6.2f} ms  failed {m.failed} {m.extra or ''}",
+                  flush=True)
+        out.append(measured)
+    return out
+
+
+def med(rounds: list[dict], variant: str, key: str) -> float:
+    return median(getattr(r[variant], key) for r in rounds)
+
+
+def med_ratio(rounds: list[dict], a: str, b: str, key: str) -> float:
+    """Median over rounds of a/b for one measure."""
+    return median(getattr(r[a], key) / getattr(r[b], key) for r in rounds
+                  if getattr(r[b], key) and not np.isnan(getattr(r[b], key)))
+
+
+def generate_phase(args, rep) -> dict:
+    from tritonfront.engines import create_engine
+    from tritonfront.model_config import LLMConfig
+    from harness.references import llm_tokenizer
+
+    model_dir = model_sources.llm_model_dir()
+    prompts = essay_prompts(512)
+    prompt_ids = [llm_tokenizer()(p).input_ids for p in prompts]
+    config = LLMConfig()
+    results = {}
+    with ExitStack() as stack:
+        server = stack.enter_context(benchmark_server("bench_peers_generate", ["generate"]))
+        peer = stack.enter_context(peers.transformers_serve(model_dir, RAW / "bench_peers.transformers_serve.log",
+                                                            kv_cache_tokens=config.kv_cache_tokens))
+        engine = create_engine("hf", model_dir, "cpu", config.engine_config())
+        stack.callback(engine.shutdown)
+        tf_meter = CpuMeter(server.pid, lambda: llm_stub_pid(server))
+        ts_meter = CpuMeter(peer.pid)
+        warm_up(server, peer, prompts)
+        for max_tokens in args.max_tokens:
+            for streams in args.streams:
+                label = f"generate max_tokens {max_tokens} streams {streams}"
+                results[(max_tokens, streams)] = rounds_of(
+                    lambda v: run_variant(v, server, peer, engine, prompts, prompt_ids, streams, max_tokens,
+                                          args.generate_duration, tf_meter, ts_meter),
+                    [TF, TS, CEILING], args.rounds, label)
+    return results
+
+
+def warm_up(server, peer, prompts, passes: int = 3, streams: int = 8, max_tokens: int = 32) -> None:
+    """Whole answers to a few batches of streams from each server: transformers serve loads its
+    model on the first request, and its first loaded passes run several times slower than later
+    ones (seen here: 2 vs 18 tok/s at 4 streams), as first passes do in any torch process."""
+    async def both():
+        for _ in range(passes):
+            pool = streaming.StreamPool(server.grpc_url, streaming.read_generate(), connections=2)
+            now = time.perf_counter()
+            done = [pool.send("generate", streaming.Request(generate_inputs(p, max_tokens, stream=True,
+                                                                           temperature=0.0)), now)
+                    for p in prompts[:streams]]
+            await asyncio.wait_for(asyncio.gather(*(d.wait() for d in done)), 600)
+            await pool.close(1)
+            async with http_api.session() as client:
+                records = await asyncio.gather(*(http_api.stream_completion(
+                    client, f"{peer.url}/v1/completions",
+                    {"model": peer.model, "prompt": p, "max_tokens": max_tokens, "temperature": 0.0, "stream": True},
+                    streaming.Record({}, now)) for p in prompts[:streams]))
+            failed = [r.error for r in records if not r.ok]
+            if failed:
+                raise RuntimeError(f"transformers serve did not answer the warm-up: {failed[0]}")
+
+    asyncio.run(both())
+
+
+def run_variant(variant, server, peer, engine, prompts, prompt_ids, streams, max_tokens, duration, tf_meter,
+                ts_meter) -> Measure:
+    if variant == TF:
+        measured = asyncio.run(run_tritonfront(server, prompts, streams, max_tokens, duration, tf_meter))
+    elif variant == TS:
+        measured = asyncio.run(run_transformers_serve(peer, prompts, streams, max_tokens, duration, ts_meter))
+    else:
+        measured = run_ceiling(engine, prompt_ids, streams, max_tokens, duration)
+    wait_quiet([server.pid, peer.pid])
+    return measured
+
+
+def embed_phase(args, rep) -> dict:
+    model_dir = model_sources.embed_model_dir()
+    results = {}
+    with ExitStack() as stack:
+        server = stack.enter_context(benchmark_server("bench_peers_embed", ["embed"]))
+        peer = stack.enter_context(peers.infinity(model_dir, RAW / "bench_peers.infinity.log", batch_size=32))
+        targets = {TF_GRPC: server.grpc_url, TF_HTTP: server.http_url, INFINITY: peer.url}
+        pids = {TF_GRPC: server.pid, TF_HTTP: server.pid, INFINITY: peer.pid}
+        settings = [(tokens, 1, clients) for tokens in args.text_tokens for clients in args.clients]
+        settings += [(args.text_tokens[0], args.batch, clients) for clients in args.batch_clients]
+        texts = {tokens: synthetic_texts(2048, tokens, seed=tokens) for tokens in args.text_tokens}
+        built = {(tokens, batch, kind): embed_requests(kind, texts[tokens], batch, peer.model)
+                 for tokens, batch, _ in settings for kind in targets}
+
+        def run(kind: str, tokens: int, batch: int, clients: int, duration: float) -> Measure:
+            before = accounting.tree_cpu_seconds(pids[kind])
+            start = time.perf_counter()
+            outcomes = asyncio.run(embed_closed_loop(kind, targets[kind], built[(tokens, batch, kind)], clients,
+                                                     duration))
+            end = start + duration
+            measured = embed_measure(outcomes, batch, start, end, accounting.tree_cpu_seconds(pids[kind]) - before)
+            wait_quiet([server.pid, peer.pid])
+            return measured
+
+        for kind in targets:  # warm-up
+            run(kind, args.text_tokens[0], 1, 4, 3)
+        for tokens, batch, clients in settings:
+            label = f"embed ~{tokens} tokens x{batch} clients {clients}"
+            results[(tokens, batch, clients)] = rounds_of(
+                lambda kind: run(kind, tokens, batch, clients, args.embed_duration), list(targets), args.rounds,
+                label)
+    return results
+
+
+def generate_report(rep, results: dict) -> list[str]:
+    rows, summary = [], []
+    for (max_tokens, streams), rounds in results.items():
+        for variant in (TF, TS, CEILING):
+            rows.append([max_tokens, streams, variant, med(rounds, variant, "rate"), med(rounds, variant, "ttft_p50"),
+                         med(rounds, variant, "ttft_p99"), med(rounds, variant, "itl_p50"),
+                         med(rounds, variant, "cpu_per_unit_ms"),
+                         med(rounds, variant, "engine_cpu_per_unit_ms") if variant != TS else "",
+                         med(rounds, variant, "front_cpu_per_unit_ms") if variant == TF else "",
+                         sum(r[variant].failed for r in rounds)])
+    rep.add("### generate: medians over rounds\n\n" + report.table(
+        ["max_tokens", "streams", "server", "output tok/s", "TTFT P50 ms", "TTFT P99 ms", "ITL P50 ms",
+         "CPU ms / token", "engine CPU ms / token", "front-end CPU ms / token", "failed"], rows))
+    ratio_rows = []
+    for (max_tokens, streams), rounds in results.items():
+        tok = med_ratio(rounds, TF, TS, "rate")
+        ttft = med_ratio(rounds, TF, TS, "ttft_p99")
+        itl = med_ratio(rounds, TF, TS, "itl_p50")
+        front = median(r[TF].front_cpu_per_unit_ms / r[TF].engine_cpu_per_unit_ms for r in rounds)
+        ceiling = med_ratio(rounds, TF, CEILING, "rate")
+        ratio_rows.append([max_tokens, streams, tok, ttft, itl, front, ceiling])
+        if streams >= 16:
+            summary.append(f"generate {max_tokens} tokens, {streams} streams: tok/s "
+                           f"{report.verdict(tok, 1.2)} of transformers serve")
+        summary.append(f"generate {max_tokens} tokens, {streams} streams: TTFT P99 "
+                       f"{report.verdict(ttft, 1.0, at_most=True)}, ITL P50 {report.verdict(itl, 1.0, at_most=True)} "
+                       f"of transformers serve; front-end CPU {front:.0%} of the engine's (target <= 15%: "
+                       f"{'met' if front <= 0.15 else 'MISSED'})")
+    rep.add("### generate: tritonfront / transformers serve (median of per-round ratios)\n\n" + report.table(
+        ["max_tokens", "streams", "tok/s ratio (>= 1.2 at 16, 64)", "TTFT P99 ratio (<= 1)", "ITL P50 ratio (<= 1)",
+         "front-end / engine CPU (<= 0.15)", "tok/s / engine in-process"], ratio_rows))
+    return summary
+
+
+def embed_report(rep, results: dict) -> list[str]:
+    rows, ratio_rows, summary = [], [], []
+    for (tokens, batch, clients), rounds in results.items():
+        for variant in (TF_GRPC, TF_HTTP, INFINITY):
+            rows.append([tokens, batch, clients, variant, med(rounds, variant, "rate"),
+                         med(rounds, variant, "ttft_p50"), med(rounds, variant, "ttft_p99"),
+                         med(rounds, variant, "cpu_per_unit_ms"), sum(r[variant].failed for r in rounds),
+                         json.dumps(rounds[-1][variant].extra) if rounds[-1][variant].extra else ""])
+        for variant in (TF_GRPC, TF_HTTP):
+            rate = med_ratio(rounds, variant, INFINITY, "rate")
+            p50 = med_ratio(rounds, variant, INFINITY, "ttft_p50")
+            p99 = med_ratio(rounds, variant, INFINITY, "ttft_p99")
+            ratio_rows.append([tokens, batch, clients, variant, rate, p50, p99])
+            if batch == 1 and variant == TF_GRPC:
+                if clients >= 16:
+                    summary.append(f"embed ~{tokens} tokens, {clients} clients: req/s {report.verdict(rate, 1.3)} "
+                                   "of Infinity")
+                if clients == 1:
+                    summary.append(f"embed ~{tokens} tokens, 1 client: P50 {report.verdict(p50, 1.0, at_most=True)} "
+                                   "of Infinity's")
+                summary.append(f"embed ~{tokens} tokens, {clients} clients: P99 "
+                               f"{report.verdict(p99, 1.0, at_most=True)} of Infinity's; rejected/failed "
+                               f"{sum(r[TF_GRPC].failed for r in rounds)}")
+    rep.add("### embed: medians over rounds\n\n" + report.table(
+        ["~tokens", "texts / request", "clients", "server", "texts/s", "latency P50 ms", "latency P99 ms",
+         "CPU ms / text", "failed", "outcomes other than served (last round)"], rows))
+    rep.add("### embed: tritonfront / Infinity (median of per-round ratios)\n\n" + report.table(
+        ["~tokens", "texts / request", "clients", "tritonfront over", "texts/s ratio (>= 1.3 at 16+)",
+         "P50 ratio (<= 1 at 1 client)", "P99 ratio (<= 1)"], ratio_rows))
+    return summary
+
+
+def plot(generate: dict, embed: dict):
+    fig, axes = report.plt.subplots(1, 2, figsize=(13, 4.5))
+    for max_tokens in sorted({m for m, _ in generate}):
+        for variant, style in ((TF, "-o"), (TS, "--s"), (CEILING, ":^")):
+            points = sorted((s, med(r, variant, "rate")) for (m, s), r in generate.items() if m == max_tokens)
+            if points:
+                axes[0].plot(*zip(*points), style, label=f"{variant}, {max_tokens} tokens")
+    axes[0].set(xscale="log", xlabel="concurrent streams", ylabel="output tokens/s", title="generate")
+    for tokens in sorted({t for t, b, _ in embed if b == 1}):
+        for variant, style in ((TF_GRPC, "-o"), (TF_HTTP, "-.x"), (INFINITY, "--s")):
+            points = sorted((c, med(r, variant, "rate")) for (t, b, c), r in embed.items() if t == tokens and b == 1)
+            if points:
+                axes[1].plot(*zip(*points), style, label=f"{variant}, ~{tokens} tokens")
+    axes[1].set(xscale="log", xlabel="concurrent clients (one text each)", ylabel="texts/s", title="embed")
+    for ax in axes:
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def main() -> None:
+    args, rep = report.start(
+        __doc__, "bench_peers", "tritonfront vs transformers serve (generate) and Infinity (embed)",
+        rounds=3, streams=[1, 4, 16, 64], max_tokens=[64, 256], generate_duration=(30.0, "seconds per measurement"),
+        text_tokens=[90, 400], clients=[1, 16, 64, 256], batch=(32, "texts per request in the batched setting"),
+        batch_clients=[1, 4], embed_duration=(15.0, "seconds per measurement"),
+        only=(None, "generate or embed: run one phase", {"choices": ["generate", "embed"]}))
+    generate = generate_phase(args, rep) if args.only in (None, "generate") else {}
+    embed = embed_phase(args, rep) if args.only in (None, "embed") else {}
+    report.write_raw("bench_peers", {"generate": {str(k): [{v: m.__dict__ for v, m in r.items()} for r in rounds]
+                                                  for k, rounds in generate.items()},
+                                     "embed": {str(k): [{v: m.__dict__ for v, m in r.items()} for r in rounds]
+                                               for k, rounds in embed.items()}})
+    rep.add(f"{args.rounds} rounds per setting, variants alternating; generate windows {args.generate_duration:g} s, "
+            f"embed windows {args.embed_duration:g} s. transformers serve runs with tritonfront's KV cache size "
+            "(--cb-num-blocks); otherwise both servers and Infinity run on their defaults.\n")
+    summary = (generate_report(rep, generate) if generate else []) + (embed_report(rep, embed) if embed else [])
+    rep.add("## Summary\n\n" + "\n".join(f"- {line}" for line in summary))
+    rep.write(plot(generate, embed))
+
+
+if __name__ == "__main__":
+    main()

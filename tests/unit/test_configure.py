@@ -1,0 +1,49 @@
+"""scripts/configure.py refuses what the models would refuse at load time, naming it, and writes
+nothing then."""
+import importlib.util
+
+import pytest
+
+from harness.paths import ROOT
+
+spec = importlib.util.spec_from_file_location("configure", ROOT / "scripts" / "configure.py")
+configure = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(configure)
+
+
+def refused(capsys, tmp_path, *args) -> str:
+    out = tmp_path / "deploy"
+    with pytest.raises(SystemExit) as exit_:
+        configure.main(["--out", str(out), *args])
+    assert exit_.value.code == 2 and not out.exists()
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "llm.num_thread=1"], "llm has no parameter 'num_thread'; its parameters: "),
+    (["--set", "llmm.balancing=none"], "unknown model 'llmm'"),
+    (["--set", "llm.balancing=fast"], "parameter balancing: 'fast' is not allowed; it must be one of tokens, none"),
+    (["--set", "llm.max_active_requests=0"], "it must be an integer >= 1"),
+    (["--set", "encoder.threads=shared"], "it must be one of share, fixed"),
+    (["--set", "llm.balancing"], "expected MODEL.PARAM=VALUE"),
+    (["--queue", "llmm=1"], "--queue 'llmm=1': expected MODEL=SIZE[:TIMEOUT_MS] with MODEL one of"),
+    (["--queue", "llm=0"], "SIZE must be an integer >= 1, got '0'"),
+    (["--queue", "llm=8:-5"], "TIMEOUT_MS must be an integer >= 1, got '-5'"),
+    (["--dp", "0"], "argument --dp: 0 is below 1"),
+    (["--detokenizers", "-2"], "argument --detokenizers: -2 is below 1"),
+    (["--encoders", "two"], "argument --encoders: 'two' is not an integer"),
+    (["--gpus", "0,0"], "GPU indices must be distinct integers >= 0"),
+    (["--gpus", "0", "--dp", "2"], "--dp is the number of GPUs when --gpus is given"),
+])
+def test_refuses_and_names_what_is_wrong(capsys, tmp_path, args, message):
+    assert message in refused(capsys, tmp_path, *args)
+
+
+def test_accepted_values_reach_the_configs(tmp_path):
+    out = tmp_path / "deploy"
+    configure.main(["--out", str(out), "--dp", "2", "--set", "llm.balancing=none", "--queue", "encoder=512:20000"])
+    llm = configure.load(out / "model_repository" / "llm" / "config.pbtxt")
+    encoder = configure.load(out / "model_repository" / "encoder" / "config.pbtxt")
+    assert llm.instance_group[0].count == 2 and llm.parameters["balancing"].string_value == "none"
+    policy = encoder.dynamic_batching.default_queue_policy
+    assert (policy.max_queue_size, policy.default_timeout_microseconds) == (512, 20_000_000)
