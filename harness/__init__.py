@@ -3,14 +3,15 @@ accounts for CPU and memory, and renders reports. It imports the product (triton
 never tests/ or perf/; tests and benchmarks import it and never each other.
 
     paths          where the repository, its model repositories and results are
-    server         tritonserver through scripts/serve.sh on free loopback ports
+    server         tritonserver through scripts/serve.sh on free loopback ports (with its OpenAI front
+                   when asked)
     deploy         deployments to serve: scripts/configure.py output, renamed copies, config variants
     triton_metrics Triton's statistics API and Prometheus metrics text
     accounting     CPU and memory: the machine, other work, process trees, threads
     observe        what one load step did to the server (counters, CPU, other work)
     ranks          the llm ranks' load table in /dev/shm
-    clients/       KServe tensors and requests, gRPC stream collector, HTTP generate and SSE
-                   (an OpenAI-compatible client goes in clients/openai.py once that front exists)
+    clients/       KServe tensors and requests, gRPC stream collector, HTTP generate and SSE,
+                   OpenAI-compatible servers (the SDK, raw calls, a light streaming chat client)
     load/          outcomes (one taxonomy), schedules, unary and streaming load, client threads
     corpora        texts and prompts
     references     sentence-transformers and transformers references

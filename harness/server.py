@@ -1,13 +1,20 @@
 """A real tritonserver for tests and benchmarks, started through scripts/serve.sh on free loopback
 ports, in its own process group so that stopping it stops every Python stub it started.
 
+`openai=True` starts serve.sh's OpenAI front too, on a free port, and waits until it answers
+/health; otherwise the front is off (OPENAI_PORT=0). serve.sh runs tritonfront.watchdog beside the
+server unless `watchdog` is False (a test that drives its own watchdog); the repository API opens
+only with the server's `repository_key`, which the harness chooses. With a companion serve.sh
+supervises tritonserver, else it becomes tritonserver: `Server.pid` is tritonserver's own pid
+either way (its stubs are its children; the llm's tables are named by it); `Server.process` is
+serve.sh.
+
 `models` loads only the models named (a benchmark then pays nothing for models added to the
-repositories). serve.sh runs tritonfront.watchdog beside the server unless `watchdog` is False
-(a test that drives its own watchdog); the repository API opens only with the server's
-`repository_key`, which the harness chooses. The Python backend can abort while loading on an
-overloaded machine (boost::interprocess::lock_exception, seen once): that abort, and only that
-one, gets a second start."""
+repositories). The Python backend can abort while loading on an overloaded machine
+(boost::interprocess::lock_exception, seen once): that abort, and only that one, gets a second
+start."""
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -15,10 +22,13 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
+
+import psutil
 
 from .paths import COMMITTED, RAW, ROOT
 
@@ -47,10 +57,32 @@ class Server:
     process: subprocess.Popen
     log_path: Path
     repository_key: str = ""  # the value of the header that opens the repository API (serve.sh)
+    openai_port: Optional[int] = None
+    triton_pid: Optional[int] = None
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        """tritonserver's pid (serve.sh's own when it became tritonserver)."""
+        if self.triton_pid is None:
+            self.triton_pid = tritonserver_pid(self.process.pid)
+        return self.triton_pid
+
+    @property
+    def openai_url(self) -> str:
+        """The OpenAI API's base URL (…/v1), for the openai SDK's base_url."""
+        if self.openai_port is None:
+            raise RuntimeError("this server was started without its OpenAI front (openai=True)")
+        return f"http://127.0.0.1:{self.openai_port}/v1"
+
+    def openai_health(self) -> tuple[int, dict]:
+        """(status, JSON body) of the front's /health; (0, {}) while it does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.openai_port}/health", timeout=2) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"{}")
+        except OSError:
+            return 0, {}
 
     @property
     def http_url(self) -> str:
@@ -84,6 +116,17 @@ class Server:
         return "Segmentation" in self.log() or not self.is_ready()
 
 
+def tritonserver_pid(serve_pid: int) -> int:
+    """The pid of the tritonserver serve.sh runs: serve.sh itself once it exec'd it, else its child."""
+    process = psutil.Process(serve_pid)
+    if process.name() == "tritonserver":
+        return serve_pid
+    for child in process.children():
+        if child.name() == "tritonserver":
+            return child.pid
+    raise LookupError(f"no tritonserver under serve.sh (pid {serve_pid})")
+
+
 def repositories_variable(repositories: Iterable[Path]) -> str:
     """TRITONFRONT_REPOSITORIES: colon-separated, as PATH, so folders with spaces work."""
     paths = [str(r) for r in repositories]
@@ -96,7 +139,7 @@ def repositories_variable(repositories: Iterable[Path]) -> str:
 @contextlib.contextmanager
 def triton_server(log_path: Path, repositories: Optional[Iterable[Path]] = None, env: Optional[dict] = None,
                   timeout: float = 300, extra_args: tuple = (), models: Optional[Iterable[str]] = None,
-                  attempts: int = 2, watchdog: bool = True):
+                  attempts: int = 2, watchdog: bool = True, openai: bool = False):
     """Yields a ready Server; `repositories` default to serve.sh's (the committed ones)."""
     if models is not None:
         extra_args = ("--model-control-mode=explicit", *(f"--load-model={m}" for m in models), *extra_args)
@@ -104,7 +147,7 @@ def triton_server(log_path: Path, repositories: Optional[Iterable[Path]] = None,
            **(env or {})}
     for attempt in range(1, attempts + 1):
         try:
-            server = _start(log_path, repositories, env, timeout, extra_args)
+            server = _start(log_path, repositories, env, timeout, extra_args, openai)
         except StartupAbort as abort:
             if attempt == attempts:
                 raise
@@ -123,18 +166,20 @@ class StartupAbort(RuntimeError):
     """The Python backend's known abort while loading models on a starved machine."""
 
 
-def _start(log_path: Path, repositories, env, timeout: float, extra_args: tuple) -> Server:
-    http, grpc, metrics = free_ports(3)
-    environment = dict(os.environ, HTTP_PORT=str(http), GRPC_PORT=str(grpc), METRICS_PORT=str(metrics), **(env or {}))
+def _start(log_path: Path, repositories, env, timeout: float, extra_args: tuple, openai: bool) -> Server:
+    http, grpc, metrics, openai_port = free_ports(4)
+    environment = dict(os.environ, HTTP_PORT=str(http), GRPC_PORT=str(grpc), METRICS_PORT=str(metrics),
+                       OPENAI_PORT=str(openai_port if openai else 0), **(env or {}))
     if repositories:
         environment["TRITONFRONT_REPOSITORIES"] = repositories_variable(repositories)
     with open(log_path, "w") as log:
         process = subprocess.Popen([str(ROOT / "scripts" / "serve.sh"), *extra_args], stdout=log,
                                    stderr=subprocess.STDOUT, env=environment, start_new_session=True)
-    server = Server(http, grpc, metrics, process, Path(log_path), environment["TRITONFRONT_REPOSITORY_KEY"])
+    server = Server(http, grpc, metrics, process, Path(log_path), environment["TRITONFRONT_REPOSITORY_KEY"],
+                    openai_port if openai else None)
     try:
         deadline = time.monotonic() + timeout
-        while not server.is_ready():
+        while not server.is_ready() or (openai and server.openai_health()[0] != 200):
             if process.poll() is not None:
                 log_text = server.log()
                 error = StartupAbort if KNOWN_STARTUP_ABORT in log_text else RuntimeError

@@ -117,7 +117,7 @@ def main() -> None:
     log: list[str] = []
     # The benchmark drives its own watchdog (to time its reloads and alternate how it reloads).
     with benchmark_server(name, models, repositories, watchdog=False) as server:
-        watchdog = StubWatchdog(server.process.pid, server.http_url, log=lambda line: (log.append(line), print(line)),
+        watchdog = StubWatchdog(server.pid, server.http_url, log=lambda line: (log.append(line), print(line)),
                                 key=server.repository_key)
         watchdog.start()
         try:
@@ -135,7 +135,7 @@ def main() -> None:
                     time.sleep(2)  # the reloaded model's first requests are behind it
             # Stubs of the versions the kills left behind: the watchdog kills them once idle.
             time.sleep(watchdog.reap_after_s + 3 * watchdog.idle_s)
-            stubs_left = Counter(model for model, _ in live_stubs(server.process.pid).values())
+            stubs_left = Counter(model for model, _ in live_stubs(server.pid).values())
         finally:
             watchdog.stop()
         server_errors = sorted({line.split("] ", 1)[-1][:200] for line in server.error_lines()})

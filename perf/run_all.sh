@@ -21,6 +21,7 @@ benchmarks=(
   "bench_receive_path"
   "bench_dp_balancing"
   "bench_generate"
+  "bench_openai"
   "bench_overload"
   "bench_faults"
   "bench_faults --dp 2 --kills 2"

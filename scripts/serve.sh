@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Runs tritonserver in the foreground on the component models and the ensembles. The one place that
-# holds the server's flags: the Docker image runs this script too (Dockerfile CMD).
+# Runs tritonserver in the foreground on the component models and the ensembles, with its companion
+# processes beside it (the OpenAI API front, the stub watchdog). The one place that holds the server's flags: the
+# Docker image runs this script too (Dockerfile CMD).
 #   HTTP_PORT / GRPC_PORT / METRICS_PORT   default 8000 / 8001 / 8002
+#   OPENAI_PORT                            the OpenAI-compatible API (python -m tritonfront.openai),
+#                                          default 9000; 0 turns it off. TRITONFRONT_OPENAI_* variables
+#                                          configure it (README: OpenAI API)
 #   BIND_ADDRESS                           default 127.0.0.1 (loopback only; see README before exposing)
 #   TRITONFRONT_EMBED_MODEL                embedding model folder (default: the bundled all-MiniLM-L6-v2)
 #   TRITONFRONT_LLM_MODEL                  causal-LM folder or .gguf (default: the bundled SmolLM2-135M-Instruct)
@@ -15,6 +19,10 @@
 #                                          key each start, known only to this script and the watchdog)
 # Extra arguments are passed to tritonserver; --model-control-mode or --load-model among them replace
 # the watchdog's explicit control of every model (the watchdog needs explicit mode to reload).
+#
+# With companions, this script supervises: it forwards SIGTERM, SIGINT and SIGHUP to every process,
+# stops them all when one exits, and exits with tritonserver's status (or, when a companion exited
+# first, with that companion's, never 0). Without companions it becomes tritonserver (exec).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 if [ ! -x "${TRITONSERVER:-}" ]; then
@@ -103,16 +111,63 @@ if [ "$watchdog" = 1 ]; then
 fi
 server+=("$@")
 
-# A companion process beside tritonserver (whose pid is server_pid); the watchdog ends once the
-# server is gone.
+# A companion is a function that starts one process in the background, named in COMPANIONS.
+COMPANIONS=()
+OPENAI_PORT="${OPENAI_PORT:-9000}"
+start_openai() {
+  # Triton listens on BIND_ADDRESS; a wildcard address is reached through loopback.
+  local triton_host="$BIND_ADDRESS"
+  case "$triton_host" in 0.0.0.0 | "::" | "[::]") triton_host=127.0.0.1 ;; esac
+  "$VENV/bin/python" -m tritonfront.openai --triton-url "$triton_host:${GRPC_PORT:-8001}" \
+    --host "$BIND_ADDRESS" --port "$OPENAI_PORT" &
+}
+if [ "$OPENAI_PORT" != 0 ]; then COMPANIONS+=(openai); fi
 start_watchdog() {
+  # It ends once the server (server_pid) is gone.
   local host="$BIND_ADDRESS"
   case "$host" in 0.0.0.0) host=127.0.0.1 ;; ::) host="[::1]" ;; *:*) host="[$host]" ;; esac
   TRITONFRONT_REPOSITORY_KEY="$REPOSITORY_KEY" "$VENV/bin/python" -m tritonfront.watchdog \
     --server-pid "$server_pid" --url "$host:${HTTP_PORT:-8000}" &
 }
-if [ "$watchdog" = 1 ]; then
-  server_pid=$$  # the exec below makes this process tritonserver
-  start_watchdog
+if [ "$watchdog" = 1 ]; then COMPANIONS+=(watchdog); fi
+
+if [ "${#COMPANIONS[@]}" = 0 ]; then exec "${server[@]}"; fi
+
+declare -A names=()  # pid -> what runs there
+stop_all() {
+  for pid in "${!names[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+}
+signals=0  # trapped so far: a `wait` they interrupt is waited again
+trap 'signals=$((signals + 1)); stop_all' TERM INT HUP
+"${server[@]}" &
+server_pid=$!
+names[$server_pid]=tritonserver
+for companion in "${COMPANIONS[@]}"; do
+  "start_$companion"
+  names[$!]=$companion
+done
+
+first=""
+while [ -z "$first" ]; do
+  exited=""
+  wait -n -p exited "${!names[@]}" && first_status=0 || first_status=$?
+  first="${exited:-}"
+done
+if [ "$first" != "$server_pid" ] && [ "$signals" = 0 ]; then
+  echo "serve.sh: ${names[$first]} (pid $first) exited with status $first_status; stopping tritonserver" >&2
 fi
-exec "${server[@]}"
+unset "names[$first]"
+stop_all
+server_status=$first_status
+for pid in "${!names[@]}"; do
+  while :; do
+    before=$signals
+    wait "$pid" && status=0 || status=$?
+    if [ "$signals" = "$before" ]; then break; fi
+  done
+  if [ "$pid" = "$server_pid" ]; then server_status=$status; fi
+done
+if [ "$first" != "$server_pid" ] && [ "$signals" = 0 ]; then
+  exit $(( first_status == 0 ? 1 : first_status ))
+fi
+exit "$server_status"

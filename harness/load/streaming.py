@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Awaitable, Callable, Optional, Sequence
 
 import tritonclient.grpc.aio as grpcaio
 
@@ -213,6 +213,26 @@ async def closed_loop(url: str, model: str, make_request: Callable[[int], Reques
 
     await closed_loop_of(send, concurrency, duration, drain_timeout)
     records = await pool.close(1.0)
+    last = max((r.done for r in records if r.done is not None), default=start)
+    return records, last - start
+
+
+async def closed_loop_records(send: Callable[[int, Record], Awaitable], concurrency: int, duration: float, *,
+                              drain_timeout: float = 120.0) -> tuple[list[Record], float]:
+    """A closed loop over any client that fills a Record (send(number, record)), such as
+    clients.openai.ChatStreams: (records, seconds from the first send to the last final response)."""
+    records: list[Record] = []
+    start = time.perf_counter()
+
+    async def one(number: int, now: float) -> None:
+        record = Record({}, now)
+        records.append(record)
+        await send(number, record)
+
+    await closed_loop_of(one, concurrency, duration, drain_timeout)
+    for record in records:
+        if record.done is None and record.error is None:
+            record.error = UNFINISHED
     last = max((r.done for r in records if r.done is not None), default=start)
     return records, last - start
 

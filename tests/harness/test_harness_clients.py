@@ -1,6 +1,9 @@
 """Request building and response parsing of the clients: tensors of each type and shape,
 server-sent events of /generate_stream, and the repository list handed to scripts/serve.sh."""
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -89,3 +92,56 @@ def test_repositories_are_joined_like_path_and_may_hold_spaces():
     assert repositories_variable([Path("/a b/model_repository"), Path("/c")]) == "/a b/model_repository:/c"
     with pytest.raises(ValueError, match="':'"):
         repositories_variable([Path("/a:b")])
+
+
+def test_openai_replies_read_their_events_and_errors():
+    from harness.clients.openai import Reply, error_of
+
+    stream = Reply(200, {}, 'data: {"choices": [{"text": "a"}]}\n\ndata: [DONE]\n\n')
+    assert stream.events() == [{"choices": [{"text": "a"}]}, "[DONE]"]
+    assert error_of(Reply(400, {}, '{"error": {"message": "m", "param": "p"}}')) == {"message": "m", "param": "p"}
+    assert error_of(Reply(502, {}, "<html>bad gateway</html>")) is None
+
+
+def test_the_streaming_chat_client_fills_a_record():
+    from harness.clients.openai import ChatStreams
+    from harness.load.streaming import Record
+
+    record = Record({}, 0.0)
+    ChatStreams._read({"choices": [{"delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}, record, 1.0)
+    assert record.first is None  # an empty delta is not a token
+    ChatStreams._read({"choices": [{"delta": {"content": "Hi"}, "finish_reason": None}]}, record, 2.0)
+    ChatStreams._read({"choices": [{"delta": {"content": "!"}, "finish_reason": "stop"}]}, record, 3.0)
+    ChatStreams._read({"choices": [], "usage": {"completion_tokens": 2}}, record, 3.5)
+    assert (record.first, record.arrivals, record.tokens, record.finish_reason) == (2.0, [(2.0, 1), (3.0, 1)], 2, "stop")
+
+
+def wait_until(condition, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("exec_it", [True, False])
+def test_the_server_pid_is_tritonservers_whether_serve_sh_became_it_or_runs_it(tmp_path, exec_it):
+    import shutil
+    import subprocess
+
+    from harness.server import tritonserver_pid
+
+    stand_in = tmp_path / "tritonserver"
+    stand_in.symlink_to(shutil.which("sleep"))
+    pid_file = tmp_path / "pid"
+    script = f"exec {stand_in} 30" if exec_it else f"{stand_in} 30 & echo $! > {pid_file}; wait"
+    serve = subprocess.Popen(["bash", "-c", script])
+    try:
+        if not exec_it:
+            wait_until(lambda: pid_file.exists() and pid_file.read_text().strip())
+        expected = serve.pid if exec_it else int(pid_file.read_text())
+        wait_until(lambda: Path(f"/proc/{expected}/comm").read_text().strip() == "tritonserver")
+        assert tritonserver_pid(serve.pid) == expected
+    finally:
+        for pid in {serve.pid, int(pid_file.read_text()) if pid_file.exists() else serve.pid}:
+            os.kill(pid, signal.SIGKILL)
+        serve.wait()

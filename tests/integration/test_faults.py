@@ -31,7 +31,7 @@ def watched_server(tmp_path_factory):
     # This test drives its own watchdog (to read what it did), so serve.sh starts none.
     with triton_server(tmp_path_factory.mktemp("faults") / "server.log",
                        extra_args=(*EXPLICIT, "--exit-timeout-secs=5"), watchdog=False) as server:
-        watchdog = StubWatchdog(server.process.pid, server.http_url, reap_after_s=5.0, idle_s=2.0,
+        watchdog = StubWatchdog(server.pid, server.http_url, reap_after_s=5.0, idle_s=2.0,
                                 log=log.append, key=server.repository_key).start()
         try:
             yield server, watchdog
@@ -61,9 +61,9 @@ def test_killed_stub_fails_in_flight_requests_and_is_reloaded(watched_server, mo
     assert result.wrong == 0, "an answer differed from the one before the kill"
     assert result.ready_after
     deadline = time.monotonic() + REAP_S
-    while len(model_stubs(server.process.pid, model)) > instance_count(server, model) and time.monotonic() < deadline:
+    while len(model_stubs(server.pid, model)) > instance_count(server, model) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert len(model_stubs(server.process.pid, model)) == instance_count(server, model), watchdog.reaped
+    assert len(model_stubs(server.pid, model)) == instance_count(server, model), watchdog.reaped
     for outcome in result.in_flight:
         if outcome.error is not None and not outcome.hung:
             assert f"Stub process '{result.instance}' is not healthy" in outcome.error, outcome.error

@@ -3,6 +3,7 @@
 Rooms: Triton glue (model.py files, python_backend/triton_glue.py) -> the library
 (python_backend/tritonfront) -> engines (tritonfront/engines). Inside the library each module may
 import only modules of lower layers, so low-level modules never depend on what is built on them.
+The OpenAI front (tritonfront/openai) is a process of its own, a gRPC client of Triton, on top.
 """
 import ast
 import subprocess
@@ -15,7 +16,8 @@ import tritonfront
 
 LIBRARY = Path(tritonfront.__file__).parent
 TRITON_ONLY = ("triton_python_backend_utils", "triton_glue")
-# Lowest first. "engines" stands for the whole engines package, which may import itself.
+# Lowest first. "engines" and "openai" stand for their whole packages, each of which may import itself.
+PACKAGES = ("engines", "openai")
 LAYERS = [
     {"errors", "threads"},
     {"engines"},
@@ -26,23 +28,25 @@ LAYERS = [
     {"fanout"},
     {"model_config"},
     {"watchdog"},
+    {"openai"},
 ]
 LAYER = {module: depth for depth, modules in enumerate(LAYERS) for module in modules}
 
 
 def library_modules() -> dict[str, Path]:
-    """'engines' for every file of the engines package, the file's name otherwise."""
+    """The dotted name of every module below tritonfront ("engines.hf", "openai.app", "pooling")."""
     return {".".join(path.relative_to(LIBRARY).with_suffix("").parts): path
             for path in LIBRARY.rglob("*.py")}
 
 
 def unit(module: str) -> str:
-    return "engines" if module.split(".")[0] == "engines" else module.split(".")[0]
+    """The package a module belongs to ("engines", "openai"), or the module itself."""
+    return module.split(".")[0]
 
 
 def imports(module: str, path: Path) -> set[str]:
     """Everything the file imports (at any depth, function bodies too), as absolute names."""
-    package = ["tritonfront", *module.split(".")[:-1]]  # engines/__init__ is in the engines package too
+    package = ["tritonfront", *module.split(".")[:-1]]  # a package's __init__ is in the package too
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -77,7 +81,7 @@ def test_imports_go_downward(module):
         if parts[0] != "tritonfront" or len(parts) == 1:
             continue
         target = unit(".".join(parts[1:]))
-        if target == unit(module) == "engines":
+        if target == unit(module) in PACKAGES:
             continue
         if LAYER[target] >= mine:
             upward.append(f"{name} (layer {LAYER[target]} >= {mine})")

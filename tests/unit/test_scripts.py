@@ -1,15 +1,18 @@
 """The set-up and serving scripts and the Dockerfile, checked without a server or Docker.
 
-tritonserver is replaced by a stand-in that records its arguments, so what is checked is what
-scripts/serve.sh (and through it the Docker image) would start. The image's pins are resolved with
-pip for the image's Python and platform; that one check needs PyPI.
+tritonserver, the OpenAI front and the stub watchdog are replaced by stand-ins that record their arguments, so what is
+checked is what scripts/serve.sh (and through it the Docker image) would start, and how it
+supervises them. The image's pins are resolved with pip for the image's Python and platform; that
+one check needs PyPI.
 """
 import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -47,40 +50,93 @@ def project_env(**overrides: str) -> dict:
     """This test's venv as the project's venv, whatever checkout and shell run the test."""
     env = dict(os.environ, TRITONFRONT_VENV=sys.prefix)
     for key in ("TRITONFRONT_REPOSITORIES", "TRITONFRONT_TRITON_HOME", "BIND_ADDRESS", "HTTP_PORT",
-                "GRPC_PORT", "METRICS_PORT", "TRITONFRONT_WATCHDOG", "TRITONFRONT_REPOSITORY_KEY"):
+                "GRPC_PORT", "METRICS_PORT", "OPENAI_PORT", "TRITONFRONT_WATCHDOG", "TRITONFRONT_REPOSITORY_KEY"):
         env.pop(key, None)
     env.update(overrides)
     return env
 
 
+# A stand-in does what $FAKE_<NAME>_THEN says; `record` writes its arguments and pid (call it once
+# ready for signals: tests wait for the file). Default: record, then exit 0 (the front: sleep).
+STAND_IN = """#!/usr/bin/env bash
+record() {{
+  printf "%s\\0" "$@" > "$FAKE_{name}_ARGS.tmp"; echo $$ > "$FAKE_{name}_ARGS.pid"
+  mv "$FAKE_{name}_ARGS.tmp" "$FAKE_{name}_ARGS"
+}}
+arguments=("$@")
+eval "${{FAKE_{name}_THEN:-{default}}}"
+"""
+RECORD = 'record "${arguments[@]}"'
+
+
+def until_term(then: str = "exit 0") -> str:
+    """Records, sleeps until SIGTERM, then does `then`. The sleep holds none of the test's pipes: a
+    signal may come before it could be killed."""
+    return (f"trap {shlex.quote(f'kill $! 2>/dev/null; {then}')} TERM; {RECORD}; "
+            "sleep 60 </dev/null >/dev/null 2>&1 & wait")
+
+
+def after_file(variable: str, then: str) -> str:
+    """Waits for the file named by $variable (what another stand-in recorded), then does `then`."""
+    return f'while [ ! -e "${variable}" ]; do sleep 0.02; done; {then}'
+
+
 @pytest.fixture
 def fake_triton(tmp_path):
-    """A Triton installation (TRITONFRONT_TRITON_HOME) whose tritonserver records its arguments."""
+    """A Triton installation (TRITONFRONT_TRITON_HOME) whose tritonserver records its arguments,
+    and a venv (fake_venv(tmp_path)) whose python records how the OpenAI front and the watchdog are
+    started and runs anything else with this test's interpreter."""
     home = tmp_path / "triton home"
     (home / "bin").mkdir(parents=True)
     (home / "backends" / "python").mkdir(parents=True)
     server = home / "bin" / "tritonserver"
-    # With FAKE_TRITONSERVER_CHILDREN it also records its child processes' command lines (the
-    # watchdog serve.sh starts is one) once a second has passed.
-    server.write_text('#!/usr/bin/env bash\nprintf "%s\\0" "$@" > "$FAKE_TRITONSERVER_ARGS"\n'
-                      'if [ -n "${FAKE_TRITONSERVER_CHILDREN:-}" ]; then\n'
-                      '  sleep 1; ps -o args= --ppid $$ > "$FAKE_TRITONSERVER_CHILDREN"\nfi\n')
+    server.write_text(STAND_IN.format(name="TRITONSERVER", default=f"{RECORD}; exit 0"))
     server.chmod(0o755)
+    bin_dir = fake_venv(tmp_path) / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("FRONT", "WATCHDOG"):
+        (bin_dir / name.lower()).write_text(STAND_IN.format(name=name, default=until_term()))
+        (bin_dir / name.lower()).chmod(0o755)
+    python = bin_dir / "python"
+    python.write_text('#!/usr/bin/env bash\ncase "$1 $2" in\n'
+                      '  "-m tritonfront.openai") exec "$(dirname "$0")/front" "$@" ;;\n'
+                      '  "-m tritonfront.watchdog") exec "$(dirname "$0")/watchdog" "$@" ;;\n'
+                      f'esac\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
     return home
+
+
+def fake_venv(tmp_path: Path) -> Path:
+    return tmp_path / "fake venv"
+
+
+def serve_env(fake_triton: Path, tmp_path: Path, **env: str) -> dict:
+    return project_env(TRITONFRONT_TRITON_HOME=str(fake_triton), TRITONFRONT_VENV=str(fake_venv(tmp_path)),
+                       FAKE_TRITONSERVER_ARGS=str(tmp_path / "args"), FAKE_FRONT_ARGS=str(tmp_path / "front args"),
+                       FAKE_WATCHDOG_ARGS=str(tmp_path / "watchdog args"), **env)
+
+
+def recorded(path: Path) -> list[str]:
+    return path.read_text().split("\0")[:-1]
 
 
 PATH_FLAGS = ("--model-repository=", "--backend-directory=")
 
 
 def serve(fake_triton: Path, tmp_path: Path, *args: str, **env: str) -> list[str]:
-    """tritonserver's arguments, each path flag with its symlinks resolved."""
-    recorded = tmp_path / "args"
+    """tritonserver's arguments, each path flag with its symlinks resolved. The server stays until
+    its companions (the front, the watchdog, those that run) have recorded their own."""
+    then = f"{RECORD}; exit 0"
+    if env.get("OPENAI_PORT") != "0":
+        then = after_file("FAKE_FRONT_ARGS", then)
+    if env.get("TRITONFRONT_WATCHDOG") != "0":
+        then = after_file("FAKE_WATCHDOG_ARGS", then)
+    env.setdefault("FAKE_TRITONSERVER_THEN", then)
     result = subprocess.run(["bash", str(SCRIPTS / "serve.sh"), *args], capture_output=True, text=True,
-                            timeout=60, env=project_env(TRITONFRONT_TRITON_HOME=str(fake_triton),
-                                                        FAKE_TRITONSERVER_ARGS=str(recorded), **env))
+                            timeout=60, env=serve_env(fake_triton, tmp_path, **env))
     assert result.returncode == 0, result.stderr
     resolved = []
-    for arg in recorded.read_text().split("\0")[:-1]:
+    for arg in recorded(tmp_path / "args"):
         flag = next((flag for flag in PATH_FLAGS if arg.startswith(flag)), None)
         if flag:
             # Triton 2.51 passes these paths to a shell unquoted: serve.sh must hand over plain ones.
@@ -150,22 +206,20 @@ def test_serve_refuses_a_key_triton_would_misparse(fake_triton, tmp_path):
 
 
 def test_serve_starts_the_stub_watchdog_on_the_server_with_the_key(fake_triton, tmp_path):
-    children = tmp_path / "children"
+    key_file = tmp_path / "watchdog key"
     args = serve(fake_triton, tmp_path, BIND_ADDRESS="0.0.0.0", HTTP_PORT="9100",
-                 FAKE_TRITONSERVER_CHILDREN=str(children))
-    watchdogs = [line.split() for line in children.read_text().splitlines() if "tritonfront.watchdog" in line]
-    assert len(watchdogs) == 1, children.read_text()
-    command = watchdogs[0]
-    # The watchdog watches serve.sh's own pid, which exec made tritonserver's, on loopback.
-    assert command[command.index("--url") + 1] == "127.0.0.1:9100"
-    assert int(command[command.index("--server-pid") + 1]) > 0
+                 FAKE_WATCHDOG_THEN=f'echo "$TRITONFRONT_REPOSITORY_KEY" > {shlex.quote(str(key_file))}; {until_term()}')
+    # On loopback, watching tritonserver's own pid (the stand-in's), with the key the server was given.
+    assert recorded(tmp_path / "watchdog args") == [
+        "-m", "tritonfront.watchdog", "--server-pid", (tmp_path / "args.pid").read_text().strip(),
+        "--url", "127.0.0.1:9100"]
+    assert restricted_keys(args) == {key_file.read_text().strip()}
     assert "--model-control-mode=explicit" in args and "--load-model=*" in args
 
 
 def test_serve_without_the_watchdog_keeps_tritons_model_control(fake_triton, tmp_path):
-    children = tmp_path / "children"
-    args = serve(fake_triton, tmp_path, TRITONFRONT_WATCHDOG="0", FAKE_TRITONSERVER_CHILDREN=str(children))
-    assert "tritonfront.watchdog" not in children.read_text()
+    args = serve(fake_triton, tmp_path, TRITONFRONT_WATCHDOG="0")
+    assert not (tmp_path / "watchdog args").exists()
     assert not [arg for arg in args if arg.startswith(("--model-control-mode", "--load-model"))]
     assert len(restricted_keys(args)) == 1  # the repository API stays closed all the same
 
@@ -174,10 +228,11 @@ def test_serve_keeps_the_model_control_a_caller_asks_for(fake_triton, tmp_path):
     args = serve(fake_triton, tmp_path, "--load-model=tokenizer")
     assert [arg for arg in args if arg.startswith(("--model-control-mode", "--load-model"))] == [
         "--model-control-mode=explicit", "--load-model=tokenizer"]
+    (tmp_path / "watchdog args").unlink()
     result = subprocess.run(["bash", str(SCRIPTS / "serve.sh"), "--model-control-mode", "poll"], capture_output=True,
-                            text=True, timeout=60, env=project_env(TRITONFRONT_TRITON_HOME=str(fake_triton),
-                                                                   FAKE_TRITONSERVER_ARGS=str(tmp_path / "args")))
+                            text=True, timeout=60, env=serve_env(fake_triton, tmp_path, OPENAI_PORT="0"))
     assert result.returncode == 0 and "the stub watchdog needs explicit model control; it is off" in result.stderr
+    assert not (tmp_path / "watchdog args").exists()
 
 
 def test_serve_and_the_watchdog_name_the_same_key_header():
@@ -185,6 +240,7 @@ def test_serve_and_the_watchdog_name_the_same_key_header():
 
     serve_sh = (SCRIPTS / "serve.sh").read_text()
     assert f"KEY_HEADER={KEY_HEADER} " in serve_sh and KEY_VARIABLE in serve_sh
+
 
 
 def test_serve_reads_repositories_as_a_colon_list_with_spaces_in_paths(fake_triton, tmp_path):
@@ -224,6 +280,79 @@ def test_serve_names_a_missing_backend_directory(fake_triton, tmp_path):
                             env=project_env(TRITONFRONT_TRITON_HOME=str(home)))
     assert result.returncode == 1
     assert f"Python backend not found at {home}/backends/python: run scripts/setup.sh first" in result.stderr
+
+
+def wait_for_file(path: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ")[1][0] != "Z"
+
+
+def test_serve_starts_the_openai_front_on_loopback_beside_the_server(fake_triton, tmp_path):
+    serve(fake_triton, tmp_path)
+    assert recorded(tmp_path / "front args") == [
+        "-m", "tritonfront.openai", "--triton-url", "127.0.0.1:8001", "--host", "127.0.0.1", "--port", "9000"]
+
+
+def test_serve_hands_the_front_its_ports_and_reaches_a_wildcard_server_through_loopback(fake_triton, tmp_path):
+    serve(fake_triton, tmp_path, BIND_ADDRESS="0.0.0.0", GRPC_PORT="9101", OPENAI_PORT="9200")
+    assert recorded(tmp_path / "front args")[2:] == [
+        "--triton-url", "127.0.0.1:9101", "--host", "0.0.0.0", "--port", "9200"]
+
+
+def test_without_companions_serve_sh_becomes_tritonserver(fake_triton, tmp_path):
+    process = subprocess.Popen(["bash", str(SCRIPTS / "serve.sh")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=serve_env(fake_triton, tmp_path, OPENAI_PORT="0", TRITONFRONT_WATCHDOG="0"))
+    assert process.wait(timeout=60) == 0, process.stderr.read()
+    assert not (tmp_path / "front args").exists()
+    assert int((tmp_path / "args.pid").read_text()) == process.pid  # exec: no supervisor in between
+    assert "--allow-cpu-metrics=true" in recorded(tmp_path / "args")
+
+
+def test_serve_exits_with_the_server_status_and_stops_the_front(fake_triton, tmp_path):
+    result = subprocess.run(["bash", str(SCRIPTS / "serve.sh")], capture_output=True, text=True, timeout=60,
+                            env=serve_env(fake_triton, tmp_path,
+                                          FAKE_TRITONSERVER_THEN=after_file("FAKE_FRONT_ARGS", f"{RECORD}; exit 3")))
+    assert result.returncode == 3, result.stderr
+    front = int((tmp_path / "front args.pid").read_text())
+    assert not alive(front)
+
+
+def test_a_companion_that_exits_stops_the_server_and_fails_serve_sh(fake_triton, tmp_path):
+    stopped = tmp_path / "server stopped"
+    result = subprocess.run(["bash", str(SCRIPTS / "serve.sh")], capture_output=True, text=True, timeout=60,
+                            env=serve_env(fake_triton, tmp_path,
+                                          FAKE_FRONT_THEN=after_file("FAKE_TRITONSERVER_ARGS", f"{RECORD}; exit 0"),
+                                          FAKE_TRITONSERVER_THEN=until_term(f"touch {shlex.quote(str(stopped))}")))
+    assert result.returncode == 1  # the server stopped cleanly, but serving ended because a companion did
+    front = (tmp_path / "front args.pid").read_text().strip()
+    assert f"serve.sh: openai (pid {front}) exited with status 0; stopping tritonserver" in result.stderr
+    assert stopped.exists()
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
+def test_serve_forwards_signals_and_keeps_the_server_status(fake_triton, tmp_path, signal_number):
+    marks = {name: tmp_path / f"{name} got it" for name in ("server", "front")}
+    then = {name: until_term(f"touch {shlex.quote(str(mark))}; exit {7 if name == 'server' else 0}")
+            for name, mark in marks.items()}
+    process = subprocess.Popen(["bash", str(SCRIPTS / "serve.sh")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=serve_env(fake_triton, tmp_path, FAKE_TRITONSERVER_THEN=then["server"],
+                                             FAKE_FRONT_THEN=then["front"]))
+    wait_for_file(tmp_path / "args")
+    wait_for_file(tmp_path / "front args")
+    process.send_signal(signal_number)
+    assert process.wait(timeout=60) == 7, process.stderr.read()
+    assert all(mark.exists() for mark in marks.values())
 
 
 def test_the_image_serves_through_serve_sh_on_loopback(fake_triton, tmp_path):

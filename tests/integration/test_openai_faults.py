@@ -1,0 +1,118 @@
+"""The OpenAI front when the server behind it cannot answer: a full queue is a 503 with Retry-After,
+a killed llm stub (whose requests Triton never ends) is an error within the front's inactivity
+deadline, and when tritonserver exits, serve.sh stops the front and exits with the server's status.
+
+One small deployment: at most 4 sequences in the llm and 1 request in its queue, so a burst
+overflows it; a 15 s inactivity deadline. Its tests run in file order: the stub kill leaves the
+llm dead, and the last test ends the server."""
+import asyncio
+import contextlib
+import os
+import signal
+import time
+
+import openai
+import psutil
+import pytest
+
+from harness.clients.openai import async_sdk, sdk
+from harness.deploy import write_deployment
+from harness.faults import kill_stub
+from harness.server import triton_server
+
+DEADLINE_S = 15.0
+
+
+def counting(n: int) -> str:
+    return ", ".join(str(k) for k in range(7 * n, 7 * n + 5)) + ","
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    out = tmp_path_factory.mktemp("openai-faults")
+    repositories = write_deployment(out, "--set", "llm.max_active_requests=4", "--queue", "llm=1")
+    with triton_server(out / "server.log", repositories=repositories, openai=True,
+                       env={"TRITONFRONT_OPENAI_STREAM_TIMEOUT": str(DEADLINE_S)}) as running:
+        yield running
+
+
+def test_a_burst_beyond_the_llms_queue_is_503_with_retry_after(server):
+    client = sdk(server.openai_url)
+    expected = client.completions.create(model="generate", prompt=counting(3), max_tokens=32, temperature=0)
+
+    async def burst():
+        async_client = async_sdk(server.openai_url)
+        calls = [async_client.completions.with_raw_response.create(model="generate", prompt=counting(3), max_tokens=32,
+                                                                    temperature=0) for _ in range(12)]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        await async_client.close()
+        return results
+
+    started = time.monotonic()
+    results = asyncio.run(burst())
+    rejected = [r for r in results if isinstance(r, openai.APIStatusError)]
+    served = [r.parse() for r in results if not isinstance(r, BaseException)]
+    assert rejected and served, results
+    assert len(rejected) + len(served) == len(results), [r for r in results if isinstance(r, BaseException)]
+    for error in rejected:
+        assert error.status_code == 503 and error.body["code"] == "queue_full", error.body
+        assert int(error.response.headers["retry-after"]) >= 1
+    assert all(answer.choices[0].text == expected.choices[0].text for answer in served)
+    print(f"{len(served)} served, {len(rejected)} rejected with 503 in {time.monotonic() - started:.1f} s")
+
+
+def test_a_killed_llm_stub_ends_its_clients_requests_within_the_deadline(server):
+    """Streamed and whole: both are gRPC streams the front gives up on once they go quiet."""
+    client = async_sdk(server.openai_url, timeout=300)
+
+    async def streamed(ended: dict):
+        stream = await client.chat.completions.create(
+            model="generate", messages=[{"role": "user", "content": "Count from 1 to 1000."}], max_tokens=1500,
+            temperature=0, stream=True)
+        try:
+            async for chunk in stream:
+                ended["chunks"] = ended.get("chunks", 0) + 1
+        except openai.APIError as error:
+            ended["error"], ended["at"] = error, time.monotonic()
+
+    async def whole(ended: dict):
+        try:
+            await client.completions.create(model="generate", prompt=counting(5), max_tokens=1500, temperature=0)
+        except openai.APIStatusError as error:
+            ended["error"], ended["at"] = error, time.monotonic()
+
+    async def scenario():
+        stream_end, whole_end = {}, {}
+        tasks = [asyncio.ensure_future(streamed(stream_end)), asyncio.ensure_future(whole(whole_end))]
+        deadline = time.monotonic() + 300
+        while stream_end.get("chunks", 0) < 3:
+            assert time.monotonic() < deadline and not any(t.done() for t in tasks), stream_end
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1)  # the whole answer is being generated too
+        instance, killed = kill_stub(server.pid, "llm")
+        await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S + 60)
+        await client.close()
+        return stream_end, whole_end, killed
+
+    stream_end, whole_end, killed = asyncio.run(scenario())
+    for ended in (stream_end, whole_end):
+        assert "error" in ended, ended
+        seconds = ended["at"] - killed
+        print(f"{type(ended['error']).__name__} {seconds:.1f} s after the kill: {ended['error'].body}")
+        assert DEADLINE_S - 5 < seconds < DEADLINE_S + 15  # the deadline ended it, not anything else
+        assert ended["error"].body["code"] == "stream_timeout"
+    assert whole_end["error"].status_code == 504
+    assert server.openai_health()[0] == 200  # Triton 2.51 still says ready; the front answers
+
+
+def test_serve_sh_stops_the_front_when_tritonserver_exits_and_keeps_its_status(server):
+    front = [p for p in psutil.Process(server.process.pid).children() if "tritonfront.openai" in " ".join(p.cmdline())]
+    assert len(front) == 1
+    os.kill(server.pid, signal.SIGKILL)
+    try:
+        assert server.process.wait(timeout=60) == 128 + signal.SIGKILL
+        front[0].wait(timeout=30)
+        assert not front[0].is_running()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGKILL)  # the dead server's orphaned stubs

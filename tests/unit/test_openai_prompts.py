@@ -1,0 +1,84 @@
+"""Chat prompts rendered by the front reach the model as the ids transformers' own
+apply_chat_template(tokenize=True) gives, for the bundled LLM and for a tokenizer that adds a BOS;
+the text of each generated token is cut out of a response's text."""
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from tritonfront import model_sources
+from tritonfront.openai.prompts import Prompts
+
+CONVERSATION = [
+    {"role": "system", "content": "Answer in one word."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris."},
+    {"role": "user", "content": "And of Italy?"},
+]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    folder = model_sources.llm_model_dir()
+    return Prompts.from_folder(folder), AutoTokenizer.from_pretrained(folder)
+
+
+def template_ids(tokenizer, messages) -> list[int]:
+    return tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                         return_dict=True)["input_ids"]
+
+
+@pytest.mark.parametrize("messages", [CONVERSATION[1:2], CONVERSATION])
+def test_the_llms_chat_prompt_encodes_as_its_template(llm, messages):
+    prompts, tokenizer = llm
+    prompt = prompts.chat(messages)
+    assert tokenizer(prompt, add_special_tokens=True)["input_ids"] == template_ids(tokenizer, messages)
+    assert prompts.count(prompt) == len(template_ids(tokenizer, messages))
+    assert prompts.room(prompt) == prompts.context_length - prompts.count(prompt)
+
+
+def test_the_developer_role_is_the_system_role(llm):
+    prompts, _ = llm
+    developer = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert prompts.chat(developer) == prompts.chat(system)
+
+
+def bos_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer whose post-processor adds <s>, and whose chat template writes it too."""
+    words = ["<s>", "</s>", "<unk>", "user:", "assistant:", "hello", "there", "\n"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tokenizer.chat_template = ("{{ bos_token }}{% for m in messages %}{{ m.role }}: {{ m.content }} {% endfor %}"
+                               "{% if add_generation_prompt %}assistant: {% endif %}")
+    return tokenizer
+
+
+def test_a_bos_written_by_the_template_is_not_added_twice():
+    tokenizer = bos_tokenizer()
+    prompts = Prompts(tokenizer, context_length=64)
+    messages = [{"role": "user", "content": "hello there"}]
+    prompt = prompts.chat(messages)
+    assert not prompt.startswith("<s>")
+    assert tokenizer(prompt, add_special_tokens=True)["input_ids"] == template_ids(tokenizer, messages)
+
+
+def test_token_texts_of_a_chunk(llm):
+    prompts, tokenizer = llm
+    text = " The capital of France is Paris."
+    count = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    pieces = prompts.token_texts(text, count)
+    assert len(pieces) == count and "".join(pieces) == text and pieces[1] == " capital"
+    assert prompts.token_texts(" Paris", 1) == [" Paris"]
+    # A count re-encoding cannot give: the text goes with the last token.
+    assert prompts.token_texts(text, count + 1) == [""] * count + [text]
+
+
+def test_token_texts_keep_a_character_split_across_tokens_whole(llm):
+    prompts, tokenizer = llm
+    text = "日本"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 2  # byte-level pieces of multi-byte characters
+    pieces = prompts.token_texts(text, len(ids))
+    assert "".join(pieces) == text and "\ufffd" not in "".join(pieces) and len(pieces) == len(ids)
