@@ -45,6 +45,12 @@ def inputs(request) -> dict[str, np.ndarray]:
     return {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
 
 
+def parameters(request) -> dict[str, Any]:
+    """The request's parameters (KServe v2 request parameters; over HTTP's generate extension, every
+    JSON key that is not an input)."""
+    return json.loads(request.parameters() or "{}")
+
+
 def response(outputs: dict[str, np.ndarray]) -> "pb_utils.InferenceResponse":
     return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()])
 
@@ -58,16 +64,21 @@ def error_response(error: Exception) -> "pb_utils.InferenceResponse":
 
 
 def execute_batch(requests: Sequence, parse: Callable, compute: Callable[[list], list],
-                  requested_outputs: bool = False) -> list:
-    """The dynamic batch of a non-decoupled model: `parse` each request's inputs (with the names
-    of the outputs it asked for when `requested_outputs`; a request that fails gets its own
-    error), run `compute` once over every parsed request (it returns, per request, a dict of
-    outputs or the exception that request earned), then answer each request."""
+                  requested_outputs: bool = False, request_parameters: bool = False) -> list:
+    """The dynamic batch of a non-decoupled model: `parse` each request's inputs (then the names of
+    the outputs it asked for when `requested_outputs`, then its parameters when
+    `request_parameters`; a request that fails gets its own error), run `compute` once over every
+    parsed request (it returns, per request, a dict of outputs or the exception that request
+    earned), then answer each request."""
     responses: list = [None] * len(requests)
     parsed, positions = [], []
     for i, request in enumerate(requests):
         try:
-            arguments = (inputs(request), request.requested_output_names()) if requested_outputs else (inputs(request),)
+            arguments = (inputs(request),)
+            if requested_outputs:
+                arguments += (request.requested_output_names(),)
+            if request_parameters:
+                arguments += (parameters(request),)
             parsed.append(parse(*arguments))
             positions.append(i)
         except Exception as error:

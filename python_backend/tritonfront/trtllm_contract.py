@@ -7,8 +7,11 @@ preprocessing, tensorrt_llm, postprocessing) and its clients; the configs in ens
 model_repository/ are checked against this module by tests/unit/test_trtllm_contract.py, and the
 README's contract table describes it.
 """
+import difflib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
+
+from tritonfront.errors import InvalidInput
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,28 @@ MAX_RETURN_SEQUENCES = 16
 MAX_SEQUENCES_PER_REQUEST = 64
 # Stop words and bad words per prompt.
 MAX_WORDS = 16
+
+
+# Request parameters Triton itself defines (KServe v2's reserved ones; tritonclient's triton_*):
+# the HTTP generate extension hands them on as parameters (gRPC keeps most of them), and they
+# mean something to Triton, not to the model.
+TRITON_REQUEST_PARAMETERS = frozenset({"timeout", "priority", "sequence_id", "sequence_start", "sequence_end",
+                                       "binary_data_output", "headers"})
+
+
+def check_request_parameters(names: Iterable[str]) -> None:
+    """Refuses a request parameter the contract does not define, naming it. Triton's HTTP generate
+    extension turns every JSON key that is not an input into a request parameter, so a misspelled
+    input (`max_new_tokens`) would otherwise be ignored without a word; generate takes none of its
+    own."""
+    known = [tensor.name for tensor in (*INPUTS, *EXTRA_INPUTS)]
+    for name in names:
+        if name in TRITON_REQUEST_PARAMETERS or name.startswith("triton_"):
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise InvalidInput(name, f"generate has no input or parameter of this name{hint}; over HTTP's generate "
+                                 "extension every key of the JSON body that is not an input arrives as a parameter")
 
 
 def spec(name: str) -> Optional[TensorSpec]:

@@ -141,6 +141,10 @@ BAD_REQUESTS = [
     ({"top_p": 1.5}, "top_p", "(0, 1]"),
     ({"top_k": -1}, "top_k", ">= 0"),
     ({"stop_words": [f"w{i}" for i in range(17)]}, "stop_words", "limit of 16"),
+    # Over the generate extension a key that is not an input arrives as a request parameter.
+    ({"max_new_tokens": 8}, "max_new_tokens", "(did you mean max_tokens?)"),
+    # ... and a number is converted to INT32 without a range check.
+    ({"max_tokens": 3000000000}, "max_tokens", "arrives wrapped around"),
 ]
 
 
@@ -163,6 +167,25 @@ def test_bad_inputs_are_rejected_by_name_and_others_go_on(server, references):
     finally:
         good.close()
     assert server.is_ready()
+
+
+def test_http_generate_extension_answers_as_readme_says(server):
+    """What Triton 2.51's generate extension answers before the model sees a request (README,
+    Known limits): tests that fail here mean Triton changed and README must follow."""
+    url = f"http://{server.http_url}/v2/models/generate"
+    for endpoint in ("generate", "generate_stream"):
+        status, reply = post(f"{url}/{endpoint}", {"text_input": "Hi"})
+        assert status == 400 and "missing required input(s) ['max_tokens']" in reply, (endpoint, reply)
+        status, reply = post(f"{url}/{endpoint}", {"text_input": "Hi", "max_tokens": 2, "max_new_tokens": 2})
+        assert status == 400 and "max_new_tokens: generate has no input or parameter" in reply, (endpoint, reply)
+    # Values of the wrong JSON type and malformed JSON: 500, from Triton's parser.
+    for body in ({"text_input": "Hi", "max_tokens": "8"}, {"text_input": 42, "max_tokens": 2},
+                 {"text_input": "Hi", "max_tokens": 2, "temperature": "0.5"}, b"{not json"):
+        status, reply = post(f"{url}/generate", body)
+        assert status == 500 and "parse" in reply, (body, reply)
+    # "stream": true on /generate: the whole generation runs, then 200 with an error in the body.
+    status, reply = post(f"{url}/generate", {"text_input": "Hi", "max_tokens": 2, "stream": True})
+    assert status == 200 and "use generate stream" in json.loads(reply)["error"], reply
 
 
 def test_64_concurrent_streams_join_to_the_non_streamed_text(dp_server):

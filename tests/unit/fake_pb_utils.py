@@ -4,6 +4,7 @@ parts of its API the adapters use. Tests load this file as that module (tests/un
 Beside the real names it has what a test needs to play Triton's side: FakeRequest (the requests
 execute gets), ResponseSender (records what is sent) and a record of the metrics made.
 """
+import json
 import threading
 import weakref
 
@@ -77,9 +78,10 @@ class ResponseSender:
 class FakeRequest:
     """Test side: a request as execute gets it."""
 
-    def __init__(self, inputs: dict, requested_outputs=()):
+    def __init__(self, inputs: dict, requested_outputs=(), parameters: dict | None = None):
         self._inputs = [Tensor(name, value) for name, value in inputs.items()]
         self._requested = list(requested_outputs)
+        self._parameters = dict(parameters or {})
         self.sender = ResponseSender()
         self.cancelled = False
 
@@ -88,6 +90,10 @@ class FakeRequest:
 
     def requested_output_names(self) -> list:
         return self._requested
+
+    def parameters(self) -> str:
+        """JSON, as the stub's (an empty object when the request has none)."""
+        return json.dumps(self._parameters)
 
     def get_response_sender(self) -> ResponseSender:
         return self.sender

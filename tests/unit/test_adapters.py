@@ -184,6 +184,19 @@ def test_llm_tokenizer_outputs_and_errors(pb_utils):
     assert error_of(responses[3]) == (INVALID, "text_input: is empty")
 
 
+def test_llm_tokenizer_refuses_a_parameter_generate_does_not_define(pb_utils):
+    """Over HTTP's generate extension a misspelled input arrives as a request parameter."""
+    model = started(pb_utils, "llm_tokenizer")
+    misspelled = pb_utils.FakeRequest({"text_input": texts(b"Hello")}, parameters={"max_new_tokens": 8})
+    tritons_own = pb_utils.FakeRequest({"text_input": texts(b"Hello")},
+                                       parameters={"timeout": 5000000, "priority": 0, "triton_enable_empty_final_response": True})
+    responses = model.execute([misspelled, tritons_own])
+    code, message = error_of(responses[0])
+    assert code == pb_utils.TritonError.INVALID_ARG
+    assert message.startswith("max_new_tokens: generate has no input or parameter of this name (did you mean max_tokens?)")
+    assert not responses[1].has_error()
+
+
 def test_encoder_outputs_padded_states_and_names_bad_ids(pb_utils):
     model = started(pb_utils, "encoder")
     ids = np.array([[101, 7592, 2088, 102], [101, 7592, 102, 0]], dtype=np.int32)

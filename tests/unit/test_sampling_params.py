@@ -97,3 +97,12 @@ def test_features_are_off_by_default():
     assert params.bad_words == () and params.guided_decoding is None
     assert SamplingParams(max_tokens=4, presence_penalty=-0.5).penalized
     assert SamplingParams(max_tokens=4, top_logprobs=3).wants_log_probs
+
+
+def test_a_negative_max_tokens_says_http_may_have_wrapped_it():
+    """Triton's HTTP generate extension turns "max_tokens": 3000000000 into -1294967296."""
+    with pytest.raises(InvalidInput, match=r"^max_tokens: -1294967296 is outside 1\.\.8182 .*arrives wrapped around"):
+        check(max_tokens=-1294967296)
+    with pytest.raises(InvalidInput) as error:
+        check(max_tokens=0)
+    assert "wrapped" not in str(error.value)

@@ -9,6 +9,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from tritonfront import trtllm_contract as contract
+from tritonfront.errors import InvalidInput
 
 ROOT = Path(__file__).resolve().parents[2]
 DTYPE = model_config_pb2.DataType
@@ -97,3 +98,11 @@ def test_a_deployment_serves_both_names_from_the_one_config(tmp_path):
     written = {name: config(tmp_path / "ensembles" / name) for name in ("generate", "ensemble")}
     assert written["generate"] == written["ensemble"] and written["generate"].name == ""
     assert (tmp_path / "ensembles" / "ensemble" / "1").resolve() == (ROOT / "ensembles" / "generate" / "1").resolve()
+
+
+def test_request_parameters_are_refused_by_name_except_tritons_own():
+    contract.check_request_parameters(["timeout", "priority", "sequence_id", "triton_enable_empty_final_response"])
+    with pytest.raises(InvalidInput, match=r"^temprature: .*\(did you mean temperature\?\)"):
+        contract.check_request_parameters(["timeout", "temprature"])
+    with pytest.raises(InvalidInput, match=r"^foo: generate has no input or parameter of this name;"):
+        contract.check_request_parameters(["foo"])

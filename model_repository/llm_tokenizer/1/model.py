@@ -1,5 +1,5 @@
 import triton_glue
-from tritonfront import model_sources
+from tritonfront import model_sources, trtllm_contract
 from tritonfront.tokenization import PromptBatch, PromptTokenizer
 
 
@@ -10,4 +10,10 @@ class TritonPythonModel:
                                                      max_text_bytes=config.max_text_bytes)
 
     def execute(self, requests):
-        return triton_glue.execute_batch(requests, PromptBatch.parse, self.tokenizer.respond)
+        return triton_glue.execute_batch(requests, self.parse, self.tokenizer.respond, request_parameters=True)
+
+    @staticmethod
+    def parse(inputs, parameters) -> PromptBatch:
+        # generate's and ensemble's first step: a stray parameter fails the request before it runs.
+        trtllm_contract.check_request_parameters(parameters)
+        return PromptBatch.parse(inputs)

@@ -103,8 +103,11 @@ class SamplingParams:
             raise InvalidInput("input_ids", f"{prompt_tokens} prompt tokens leave no room for generation "
                                             f"in the context of {context_length} tokens (at most {context_length - 1})")
         if not 1 <= self.max_tokens <= room:
+            # Triton's HTTP generate extension converts a JSON number to INT32 without a range
+            # check: 3000000000 arrives as -1294967296.
+            wrapped = " (over HTTP, a number above 2147483647 arrives wrapped around)" if self.max_tokens < 0 else ""
             raise InvalidInput("max_tokens", f"{self.max_tokens} is outside 1..{room} (context of {context_length} "
-                                             f"tokens minus {prompt_tokens} prompt tokens)")
+                                             f"tokens minus {prompt_tokens} prompt tokens){wrapped}")
         if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise InvalidInput("temperature", f"{self.temperature} must be a finite number >= 0 (0 is greedy)")
         if self.top_k < 0:

@@ -1,0 +1,31 @@
+"""README's Metrics table lists every metric the library defines, with the type it is made with."""
+import re
+from pathlib import Path
+
+from tritonfront import encoding, load
+from tritonfront.load import MetricSpec
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def defined_metrics() -> list[MetricSpec]:
+    specs = []
+    for module in (load, encoding):
+        for value in vars(module).values():
+            candidates = value.values() if isinstance(value, dict) else [value]
+            specs += [spec for spec in candidates if isinstance(spec, MetricSpec)]
+    return specs
+
+
+def documented() -> dict[str, str]:
+    """metric name -> its type, from the table under README's '### Metrics'."""
+    section = README.read_text().split("### Metrics\n", 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| `(tritonfront_[a-z_]+)` \| (\w+) \|", section, flags=re.M)
+    return dict(rows)
+
+
+def test_every_metric_is_in_readme_with_its_type():
+    specs = defined_metrics()
+    assert len(specs) >= 14  # the llm's, the model totals, the encoder's
+    table = documented()
+    assert {spec.name: spec.kind for spec in specs} == table
