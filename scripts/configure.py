@@ -100,6 +100,11 @@ def configure(args) -> Path:
                 set_count(config, counts[name])
             if args.gpus and name in GPU_MODELS:
                 place_on_gpus(config, args.gpus, one_group_per_gpu=name == "llm")
+            if name == "llm" and sum(group.count or 1 for group in config.instance_group) > 1:
+                # Several ranks: one request per execute, so that the balancing gate (or Triton's
+                # own placement) spreads a burst over them; a batch would all go to one rank. One
+                # rank takes every queued request per execute (its config.pbtxt says why).
+                config.dynamic_batching.preferred_batch_size[:] = [1]
             if name in queues:
                 set_queue(config, queues[name])
             if args.engine and name == "llm":

@@ -47,3 +47,15 @@ def test_accepted_values_reach_the_configs(tmp_path):
     assert llm.instance_group[0].count == 2 and llm.parameters["balancing"].string_value == "none"
     policy = encoder.dynamic_batching.default_queue_policy
     assert (policy.max_queue_size, policy.default_timeout_microseconds) == (512, 20_000_000)
+
+
+def test_several_llm_ranks_take_one_request_per_execute_and_one_rank_takes_batches(tmp_path):
+    """A batch goes to one rank: with several, requests go one at a time so a burst spreads."""
+    committed = configure.load(ROOT / "model_repository" / "llm" / "config.pbtxt")
+    assert list(committed.dynamic_batching.preferred_batch_size) == []
+    configure.main(["--out", str(tmp_path / "dp2"), "--dp", "2"])
+    configure.main(["--out", str(tmp_path / "dp1"), "--dp", "1"])
+    dp2 = configure.load(tmp_path / "dp2" / "model_repository" / "llm" / "config.pbtxt")
+    dp1 = configure.load(tmp_path / "dp1" / "model_repository" / "llm" / "config.pbtxt")
+    assert list(dp2.dynamic_batching.preferred_batch_size) == [1]
+    assert list(dp1.dynamic_batching.preferred_batch_size) == []
