@@ -84,12 +84,14 @@ main() {
     install_libb64
     build_pytriton_backend_dir
   fi
-  # The stubs do not honour PYTHONPATH; a .pth file puts the library (python_backend/) on every venv
-  # interpreter's path, and the repository root for the test and benchmark harness (harness/).
-  printf '%s\n' "$TRITONFRONT_ROOT/python_backend" "$TRITONFRONT_ROOT" > "$SITE_PACKAGES/tritonfront.pth"
+  # The stubs do not honour PYTHONPATH: the project's packages (pyproject.toml) go into the venv,
+  # editable, so every venv interpreter imports them from this checkout.
+  say "installing the project's packages (pip install -e .)"
+  "$VENV/bin/python" -m pip install -q --no-deps -e "$TRITONFRONT_ROOT"
+  rm -f "$SITE_PACKAGES/tritonfront.pth"  # what set-ups before pyproject.toml wrote
 
   say "preparing default models"
-  python -m tritonfront.model_sources --prepare
+  python -m tritonfront.core.model_sources --prepare
   say "done. Start the server with: bash scripts/serve.sh"
 }
 

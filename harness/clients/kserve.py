@@ -83,7 +83,7 @@ def llm_inputs(prompt_ids: Sequence[int], max_tokens: int, module=grpcclient, **
 
 def detokenizer_inputs(chunk, prompt_tokens: int, completion_tokens: int, finish_reason: Optional[str] = None,
                        module=grpcclient) -> list:
-    """A `detokenizer` request for one tritonfront.detokenization.Chunk, [1, n]-shaped as the
+    """A `detokenizer` request for one tritonfront.core.detokenization.Chunk, [1, n]-shaped as the
     engine's responses are; finish_reason "length" on the final chunk unless told."""
     if finish_reason is None:
         finish_reason = "length" if chunk.is_final else ""

@@ -17,9 +17,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from harness.clients.http import post
-from harness.references import greedy_reference, llm_tokenizer as tokenizer, prompt_ids
-from tritonfront import model_sources
-from tritonfront.trtllm_contract import EXTRA_INPUTS, EXTRA_OUTPUTS, INPUTS, OUTPUTS, UNSUPPORTED
+from harness.model_tokenizers import llm_tokenizer as tokenizer
+from harness.references import greedy_reference, prompt_ids
+from tritonfront.core import model_sources
+from tritonfront.core.trtllm_contract import EXTRA_INPUTS, EXTRA_OUTPUTS, INPUTS, OUTPUTS, UNSUPPORTED
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def fibonacci(n):"]
 MAX_TOKENS = 12

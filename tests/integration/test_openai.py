@@ -85,7 +85,7 @@ def test_chat_equals_generate_under_greedy(client, openai_server, question):
 
 
 def test_a_conversation_with_a_system_prompt_is_rendered_by_the_models_template(client, openai_server):
-    from harness.references import llm_tokenizer
+    from harness.model_tokenizers import llm_tokenizer
 
     messages = [{"role": "system", "content": "You answer in one word."},
                 {"role": "user", "content": "What is the capital of France?"},

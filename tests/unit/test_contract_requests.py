@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from tritonfront.errors import InvalidInput
-from tritonfront.generation_request import GenerationRequest, ResponseOptions, parse_batch, sequence_seed
-from tritonfront.trtllm_contract import MAX_RETURN_SEQUENCES, MAX_SEQUENCES_PER_REQUEST, UNSUPPORTED
+from tritonfront.core.generation_request import GenerationRequest, ResponseOptions, parse_batch, sequence_seed
+from tritonfront.core.trtllm_contract import MAX_RETURN_SEQUENCES, MAX_SEQUENCES_PER_REQUEST, UNSUPPORTED
 
 VOCAB, CONTEXT = 1000, 64
 

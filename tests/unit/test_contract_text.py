@@ -5,10 +5,10 @@ prompt and answer, contract outputs pass through, text_output has no second dime
 import numpy as np
 import pytest
 
-from tritonfront import model_sources
-from tritonfront.detokenization import DetokenizeRequest, StreamDetokenizer
+from tritonfront.core import model_sources
+from tritonfront.core.detokenization import DetokenizeRequest, StreamDetokenizer
 from tritonfront.errors import InvalidInput
-from tritonfront.tokenization import MAX_STOP_WORDS, PromptBatch, PromptRequest, PromptTokenizer
+from tritonfront.core.tokenization import MAX_STOP_WORDS, PromptBatch, PromptRequest, PromptTokenizer
 
 
 @pytest.fixture(scope="module")

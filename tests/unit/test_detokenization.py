@@ -10,9 +10,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from harness.chunks import chunk_stream
 from harness.corpora import MULTILINGUAL as TEXTS
-from tritonfront.detokenization import DETOKENIZER_WINDOW, Chunk, StreamDetokenizer, _byte_level_alphabet
+from tritonfront.core.detokenization import DETOKENIZER_WINDOW, Chunk, StreamDetokenizer, _byte_level_alphabet
 from tritonfront.errors import InvalidInput
-from tritonfront.model_sources import embed_model_dir, llm_model_dir
+from tritonfront.core.model_sources import embed_model_dir, llm_model_dir
 
 # Sentences for the tokenizers trained here: they cover the Latin, Greek, Cyrillic and some CJK
 # letters of TEXTS but no emoji, so emoji (and the rest of the CJK) take the byte-fallback path.

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 from tritonfront.engines import EngineConfig, EngineOutput, SamplingParams
 from tritonfront.engines.base import GuidedDecoding
 from tritonfront.errors import InvalidInput

@@ -1,5 +1,5 @@
 """A request's sequences fanned out to the generation loop and joined back into one response
-stream (tritonfront.fanout): batch and sequence indices, one final flag after the last sequence,
+stream (tritonfront.core.fanout): batch and sequence indices, one final flag after the last sequence,
 one error for a failed request, what each request asked for beside text; and the log probs and
 times the loop's chunks carry for it."""
 import math
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from tritonfront.engines import Engine, EngineOutput, SamplingParams
-from tritonfront.fanout import GroupResponder, submit_group
-from tritonfront.generation import Completion, GenerationLoop
-from tritonfront.generation_request import GenerationRequest, ResponseOptions
-from tritonfront.trtllm_contract import PERF_METRIC_OUTPUTS, UNMEASURED_PERF_METRICS
+from tritonfront.core.fanout import GroupResponder, submit_group
+from tritonfront.core.generation_loop import Completion, GenerationLoop
+from tritonfront.core.generation_request import GenerationRequest, ResponseOptions
+from tritonfront.core.trtllm_contract import PERF_METRIC_OUTPUTS, UNMEASURED_PERF_METRICS
 
 EOS = 2
 

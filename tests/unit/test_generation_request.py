@@ -4,7 +4,7 @@ import pytest
 
 from tritonfront.engines import SamplingParams
 from tritonfront.errors import InvalidInput
-from tritonfront.generation_request import GenerationRequest
+from tritonfront.core.generation_request import GenerationRequest
 
 VOCAB, CONTEXT = 1000, 64
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 from tritonfront.engines import EngineConfig, EngineOutput, SamplingParams, create_engine
 from tritonfront.engines.base import GuidedDecoding
 from tritonfront.engines.hf import GumbelNoise, TopK, TopP, as_int32, gumbel_noise, noise_key

@@ -12,7 +12,7 @@ import yaml
 
 import k8s_schemas
 from harness.picker import ReplicaView, engine_mapping, parse_spec, pick, picker_config, plugin_parameters, read, view
-from tritonfront.load import MODEL_GAUGES
+from tritonfront.core.rank_load import MODEL_GAUGES
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = ROOT / "deploy" / "kubernetes" / "base" / "deployment.yaml"

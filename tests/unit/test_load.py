@@ -3,7 +3,7 @@ what the model's gauges a router reads add up to."""
 import re
 import threading
 
-from tritonfront.load import (CANCELLED_REQUESTS, LOAD_GAUGES, MODEL_GAUGES, GaugeThread, Load, LoadMetrics,
+from tritonfront.core.rank_load import (CANCELLED_REQUESTS, LOAD_GAUGES, MODEL_GAUGES, GaugeThread, Load, LoadMetrics,
                               ModelLoad, ModelLoadMetrics)
 
 

@@ -2,8 +2,8 @@
 import re
 from pathlib import Path
 
-from tritonfront import encoding, load
-from tritonfront.load import MetricSpec
+from tritonfront.core import encoding, rank_load as load
+from tritonfront.core.rank_load import MetricSpec
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

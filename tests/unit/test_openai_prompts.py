@@ -5,7 +5,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 from tritonfront.openai.prompts import Prompts
 
 CONVERSATION = [

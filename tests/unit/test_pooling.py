@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from tritonfront import model_sources, ragged
-from tritonfront.encoding import RaggedEncoder
+from tritonfront.core import model_sources, ragged
+from tritonfront.core.encoding import RaggedEncoder
 from tritonfront.errors import InvalidInput
-from tritonfront.pooling import POOLING_MODES, DenseLayer, PoolingHead, pool, truncate_dimensions
-from tritonfront.ragged import RaggedBatch
-from tritonfront.tokenization import BatchTokenizer, TextRequest
+from tritonfront.core.pooling import POOLING_MODES, DenseLayer, PoolingHead, pool, truncate_dimensions
+from tritonfront.core.ragged import RaggedBatch
+from tritonfront.core.tokenization import BatchTokenizer, TextRequest
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

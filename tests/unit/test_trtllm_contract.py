@@ -1,4 +1,4 @@
-"""The committed configs serve TensorRT-LLM's ensemble contract (tritonfront.trtllm_contract)
+"""The committed configs serve TensorRT-LLM's ensemble contract (tritonfront.core.trtllm_contract)
 exactly: names, types, shapes and optional flags of the `generate` / `ensemble` model, every
 input reaching the step that reads it, every output coming from the last step."""
 import os
@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritonfront import trtllm_contract as contract
+from tritonfront.core import trtllm_contract as contract
 from tritonfront.errors import InvalidInput
 
 ROOT = Path(__file__).resolve().parents[2]

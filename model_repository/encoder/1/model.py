@@ -1,14 +1,14 @@
 import os
 
-import triton_glue
-from tritonfront import devices, model_sources
-from tritonfront.core_sharing import CoreShare
-from tritonfront.encoding import BatchMetrics, RaggedEncoder
+from tritonfront.stubs import glue
+from tritonfront.core import devices, model_sources
+from tritonfront.core.core_sharing import CoreShare
+from tritonfront.core.encoding import BatchMetrics, RaggedEncoder
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = triton_glue.load_config(args, "encoder")
+        config = glue.load_config(args, "encoder")
         cores = config.num_threads or os.cpu_count() or 1
         device = devices.configure_torch(args, cores)
         self.encoder = RaggedEncoder.from_folder(model_sources.model_dir(config.model_source), device=device,
@@ -20,13 +20,13 @@ class TritonPythonModel:
             self.cores = CoreShare.for_instance(args["model_name"], index, instances, os.getppid(), cores)
             self.cores.attach(self.encoder.model)
 
-        self.metrics = BatchMetrics(triton_glue.Metrics({"model": args["model_name"]}))
+        self.metrics = BatchMetrics(glue.Metrics({"model": args["model_name"]}))
 
     def execute(self, requests):
         if self.cores is None:
-            return triton_glue.execute_batch(requests, self.encoder.parse, self.compute)
+            return glue.execute_batch(requests, self.encoder.parse, self.compute)
         with self.cores.computing():
-            return triton_glue.execute_batch(requests, self.encoder.parse, self.compute)
+            return glue.execute_batch(requests, self.encoder.parse, self.compute)
 
     def compute(self, requests):
         self.metrics.observe(self.encoder.batch_shape([len(seq) for sequences in requests for seq in sequences]))

@@ -1,0 +1,31 @@
+"""python -m tritonfront.openai [--triton-url HOST:PORT --host ADDRESS --port PORT ...]: the OpenAI
+API in front of a running tritonserver (scripts/serve.sh starts it beside the server)."""
+import logging
+import sys
+
+import uvicorn
+
+from ..core import model_sources
+from ..core.tokenization import BatchTokenizer
+from .app import Front, build
+from .config import ConfigError, parse
+from .prompts import Prompts
+
+
+def main() -> None:
+    try:
+        config = parse()
+    except ConfigError as error:
+        sys.exit(f"tritonfront.openai: {error}")
+    logging.basicConfig(level=config.log_level.upper(),
+                        format="%(asctime)s tritonfront.openai %(levelname)s %(message)s")
+    # The tokenizers load before the port opens: once it answers, every endpoint can serve.
+    prompts = Prompts.from_folder(model_sources.llm_model_dir()) if config.generate_models else None
+    embed_tokenizer = BatchTokenizer.from_folder(model_sources.embed_model_dir()) if config.embed_models else None
+    front = Front(config, prompts, embed_tokenizer)
+    uvicorn.run(build(front), host=config.host, port=config.port, loop="uvloop", http="httptools",
+                log_level=config.log_level, access_log=False, timeout_graceful_shutdown=5)
+
+
+if __name__ == "__main__":
+    main()
