@@ -104,10 +104,9 @@ def test_greedy_leaves_sampling_unset_and_maps_no_feature_it_was_not_asked_for(e
 
 def test_every_applied_feature_reaches_tensorrt_llms_sampling_params(engine):
     params = SamplingParams(max_tokens=8, temperature=0.5, top_k=40, end_id=7, min_tokens=3, return_log_probs=True,
-                            top_logprobs=4, guided_decoding=GuidedDecoding("json_schema", '{"type": "object"}'))
+                            top_logprobs=4)
     engine.check_params(params)
     options = engine._sampling(params).kwargs
-    assert options.pop("guided_decoding").kwargs == {"json": '{"type": "object"}'}
     # A sampled token ranks within top_k: asking for top_k log probs always includes it.
     assert options == {"max_tokens": 8, "end_id": 7, "pad_id": 7, "detokenize": False, "stop_token_ids": [EOS],
                        "temperature": 0.5, "top_k": 40, "top_p": 1.0, "min_tokens": 3, "logprobs": 40,
@@ -154,6 +153,7 @@ def test_sampled_log_probs_need_a_top_k_that_bounds_the_sampled_tokens_rank(engi
 
 @pytest.mark.parametrize("guided, expected", [
     (GuidedDecoding("json"), {"json_object": True}),
+    (GuidedDecoding("json_schema", '{"type": "object"}'), {"json": '{"type": "object"}'}),
     (GuidedDecoding("regex", "[a-z]+"), {"regex": "[a-z]+"}),
     (GuidedDecoding("ebnf_grammar", 'root ::= "a"'), {"grammar": 'root ::= "a"'}),
 ])
