@@ -42,6 +42,8 @@ REFUSED='not penalties and not bad_words and not reproducible_by_seed'
 CPU_ONLY='not 64_concurrent and not cancelled_stream and not dp_ranks'
 
 # Runs in the image, as its own user would: the project at /opt/tritonfront, the image's python3.
+# Single quotes: its variables expand in the container (docker run -e below), not here.
+# shellcheck disable=SC2016
 inside='set -u
 cd /opt/tritonfront
 python3 -c "from importlib.metadata import version; print(version(\"tensorrt_llm\"), version(\"torch\"))" \

@@ -183,10 +183,11 @@ def test_streamed_log_probs_are_the_processed_distributions(engine):
 def test_a_sampled_token_missing_from_tensorrt_llms_log_probs_fails_the_request_by_saying_so(engine):
     # Greedy asks for the step's top token only; here TensorRT-LLM's top token is another one (as a
     # logit processor the log probs do not see could make it).
-    script = [([Token(5, {6: -0.1, 5: -2.5})], "length")]
-    (output,) = run(engine, [1], SamplingParams(max_tokens=1, return_log_probs=True), script)
+    script = [([Token(5, {6: -0.1, 5: -2.5})], None), ([Token(6, {6: -0.1})], "length")]
+    (output,) = run(engine, [1], SamplingParams(max_tokens=2, return_log_probs=True), script)
     assert output.finished and output.token_ids == []
     assert "no log probability for the generated token 5" in output.error
+    assert engine._llm.results[-1].aborted()  # and TensorRT-LLM stops generating it
 
 
 def test_no_log_probs_unless_asked(engine):

@@ -194,6 +194,9 @@ class TensorRTLLMEngine(Engine):
                     _attach_log_probs(engine_output, completion.logprobs_diff, top_logprobs)
                 self._outputs.put(engine_output)
         except Exception as error:
+            result = self._results.get(request_id)
+            if result is not None and not result.finished:  # the request fails here: stop generating it
+                result.abort()
             self._outputs.put(EngineOutput(request_id, [], True, error=f"{type(error).__name__}: {error}"))
         finally:
             self._results.pop(request_id, None)
