@@ -90,7 +90,7 @@ def test_dataclass_fields(name):
 def test_logprob_modes():
     from tensorrt_llm.sampling_params import LogprobMode
 
-    assert set(OBJECTS["LogprobMode"]["values"]) <= {mode.value for mode in LogprobMode}
+    assert set(OBJECTS["LogprobMode"]["members"]) <= set(LogprobMode.__members__)
 
 
 @pytest.mark.parametrize("name", ["GenerationResult", "CompletionOutput", "Logprob"])

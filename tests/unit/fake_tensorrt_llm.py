@@ -72,7 +72,8 @@ class KvCacheConfig(_Params):
     object_name = "KvCacheConfig"
 
 
-LogprobMode = enum.Enum("LogprobMode", {value.upper(): value for value in OBJECTS["LogprobMode"]["values"]})
+# Values made up: the adapter must use the members by name (their values were not in the sources read).
+LogprobMode = enum.Enum("LogprobMode", {name: f"fake-{name.lower()}" for name in OBJECTS["LogprobMode"]["members"]})
 
 
 def _restricted(object_name: str):

@@ -140,7 +140,7 @@ def test_a_name_outside_the_manifest_is_caught(original, misspelled, expected):
 def test_the_release_tables_values_are_in_the_manifest():
     for line in tensorrt_llm_releases.RELEASE_LINES.values():
         assert line.sampler_type in OBJECTS["LLM"]["values"]["sampler_type"]
-        assert line.processed_logprobs_mode in OBJECTS["LogprobMode"]["values"]
+        assert line.processed_logprobs_mode in OBJECTS["LogprobMode"]["members"]
         assert line.checked_against == MANIFEST["release"]
 
 

@@ -126,7 +126,7 @@ class TensorRTLLMEngine(Engine):
                   sampler_type=release.sampler_type)
         if config.kv_cache_tokens:
             context_length = min(context_length, config.kv_cache_tokens)
-        return cls(llm, release, LogprobMode(release.processed_logprobs_mode), context_length, vocab_size, eos,
+        return cls(llm, release, LogprobMode[release.processed_logprobs_mode], context_length, vocab_size, eos,
                    tokenizer_dir=model_dir)
 
     def check_params(self, params: SamplingParams) -> None:

@@ -31,9 +31,9 @@ class ReleaseLine:
     # adapter refuses a request asking for one (Engine.check_params) instead of passing it on to be
     # silently ignored.
     unapplied: Mapping[str, str]
-    # SamplingParams(logprobs_mode=...) for log probs of the distribution the token was drawn from
-    # (after temperature, top-k, top-p), the project's promise (EngineOutput.log_probs); TensorRT-LLM's
-    # default is the raw model distribution.
+    # The LogprobMode member (by name) for SamplingParams(logprobs_mode=...) that gives log probs of the
+    # distribution the token was drawn from (after temperature, top-k, top-p), the project's promise
+    # (EngineOutput.log_probs); TensorRT-LLM's default is the raw model distribution.
     processed_logprobs_mode: str
     # Each generated token's {token id: Logprob} holds the top `logprobs` tokens of the step only: the
     # sampled token is in it only when it ranks among them.
@@ -53,7 +53,7 @@ RELEASE_LINES = {
             "bad_words": "TensorRT-LLM 1.2's TorchSampler does not ban token ids (bad_token_ids)",
             "random_seed": "TensorRT-LLM 1.2's TorchSampler does not seed a request's sampling",
         },
-        processed_logprobs_mode="processed",
+        processed_logprobs_mode="PROCESSED",
         sampled_logprob_in_top_k_only=True,
         sources=(
             # sampler_type "auto" = TorchSampler unless beam search; TorchSampler's feature table
