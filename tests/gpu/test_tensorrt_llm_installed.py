@@ -2,11 +2,13 @@
 name it lists exists there. Runs where TensorRT-LLM is installed (the -trtllm-python-py3 image,
 scripts/verify_gpu.sh); skipped elsewhere. Importing tensorrt_llm needs its CUDA libraries, not a
 free GPU."""
+import ast
 import dataclasses
 import enum
 import importlib
 import inspect
 import json
+import textwrap
 import typing
 from pathlib import Path
 
@@ -37,11 +39,14 @@ def assigned_attributes(cls) -> set:
     names = set()
     for base in cls.__mro__[:-1]:
         try:
-            source = inspect.getsource(base)
+            tree = ast.parse(textwrap.dedent(inspect.getsource(base)))
         except (OSError, TypeError):
             continue
-        names |= {line.split("self.", 1)[1].split("=", 1)[0].strip().split(":")[0]
-                  for line in source.splitlines() if line.strip().startswith("self.") and "=" in line}
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, ast.AnnAssign) else []
+            names |= {target.attr for target in targets if isinstance(target, ast.Attribute)
+                      and isinstance(target.value, ast.Name) and target.value.id == "self"}
     return names
 
 
