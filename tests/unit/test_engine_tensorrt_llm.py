@@ -103,17 +103,27 @@ def test_greedy_leaves_sampling_unset_and_maps_no_feature_it_was_not_asked_for(e
 
 
 def test_every_applied_feature_reaches_tensorrt_llms_sampling_params(engine):
-    params = SamplingParams(max_tokens=8, temperature=0.5, top_k=40, end_id=7, min_tokens=3, return_log_probs=True,
-                            top_logprobs=4)
+    params = SamplingParams(max_tokens=8, temperature=0.5, top_k=40, end_id=7, return_log_probs=True, top_logprobs=4)
     engine.check_params(params)
     options = engine._sampling(params).kwargs
     # A sampled token ranks within top_k: asking for top_k log probs always includes it.
     assert options == {"max_tokens": 8, "end_id": 7, "pad_id": 7, "detokenize": False, "stop_token_ids": [EOS],
-                       "temperature": 0.5, "top_k": 40, "top_p": 1.0, "min_tokens": 3, "logprobs": 40,
+                       "temperature": 0.5, "top_k": 40, "top_p": 1.0, "logprobs": 40,
                        "logprobs_mode": fake.LogprobMode.PROCESSED}
     greedy = engine._sampling(SamplingParams(max_tokens=8, return_log_probs=True)).kwargs
     assert (greedy["logprobs"], greedy["logprobs_mode"]) == (1, fake.LogprobMode.PROCESSED)
     assert engine._sampling(SamplingParams(max_tokens=8, top_logprobs=5)).kwargs["logprobs"] == 5
+
+
+def test_min_tokens_is_refused_where_another_end_token_would_still_end_the_request(engine):
+    params = SamplingParams(max_tokens=8, min_tokens=3)
+    engine.check_params(params)
+    assert engine._sampling(params).kwargs["min_tokens"] == 3
+    # end_id 7 is held back, but the model's EOS would still end the request before min_tokens.
+    with pytest.raises(InvalidInput) as error:
+        engine.check_params(SamplingParams(max_tokens=8, min_tokens=3, end_id=7))
+    assert error.value.field == "min_tokens" and f"[{EOS}]" in str(error.value)
+    engine.check_params(SamplingParams(max_tokens=8, min_tokens=3, end_id=EOS))
 
 
 @pytest.mark.parametrize("field, params", [

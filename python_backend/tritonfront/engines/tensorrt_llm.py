@@ -143,20 +143,30 @@ class TensorRTLLMEngine(Engine):
                                           f"1..{MAX_LOGPROBS_PER_TOKEN} (got {params.top_k}): TensorRT-LLM "
                                           f"{self._release.checked_against} returns log probs of the step's "
                                           f"most likely tokens only, which must include the sampled one")
+        if params.min_tokens and self._release.min_tokens_holds_end_id_only:
+            others = sorted(self.eos_token_ids - {self._end_id(params)})
+            if others:
+                raise InvalidInput("min_tokens", f"the tensorrt_llm engine cannot honour it with end tokens {others} "
+                                                 f"besides end_id: TensorRT-LLM {self._release.checked_against} "
+                                                 f"holds back only end_id before min_tokens")
         if params.guided_decoding is not None:
             if self._guides is None:
                 raise InvalidInput("guided_decoding_guide_type", "this engine was started without a tokenizer "
                                                                  "folder, which guided decoding needs")
             self._guides.compile(params.guided_decoding)
 
+    def _end_id(self, params: SamplingParams) -> Optional[int]:
+        """TensorRT-LLM's end_id of a request: the request's, else the model's first EOS id (the other
+        EOS ids go as stop_token_ids)."""
+        return params.end_id if params.end_id is not None else min(self.eos_token_ids, default=None)
+
     def _sampling(self, params: SamplingParams):
         """TensorRT-LLM's SamplingParams of a request that passed check_params."""
         from tensorrt_llm import SamplingParams as TRTSamplingParams
 
-        eos = sorted(self.eos_token_ids)
-        end_id = params.end_id if params.end_id is not None else (eos[0] if eos else None)
+        end_id = self._end_id(params)
         options = dict(max_tokens=params.max_tokens, end_id=end_id, pad_id=end_id, detokenize=False,
-                       stop_token_ids=[i for i in eos if i != end_id] or None)
+                       stop_token_ids=sorted(self.eos_token_ids - {end_id}) or None)
         if not params.greedy:  # all of temperature, top_k and top_p unset is TensorRT-LLM's greedy
             options.update(temperature=params.effective_temperature, top_k=params.top_k or None,
                            top_p=params.top_p)

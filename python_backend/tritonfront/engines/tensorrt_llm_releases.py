@@ -38,6 +38,9 @@ class ReleaseLine:
     # Each generated token's {token id: Logprob} holds the top `logprobs` tokens of the step only: the
     # sampled token is in it only when it ranks among them.
     sampled_logprob_in_top_k_only: bool
+    # min_tokens holds back end_id only: any other stop token id (a model's second EOS) still ends the
+    # request before min_tokens.
+    min_tokens_holds_end_id_only: bool
     sources: tuple[str, ...]
 
 
@@ -55,9 +58,16 @@ RELEASE_LINES = {
         },
         processed_logprobs_mode="PROCESSED",
         sampled_logprob_in_top_k_only=True,
+        min_tokens_holds_end_id_only=True,
         sources=(
-            # sampler_type "auto" = TorchSampler unless beam search; TorchSampler's feature table
-            # without penalties (they appear in it from 1.3, with TRTLLMSampler deprecated).
+            # TorchSampler._process_requests: embedding bias, _apply_min_length_penalty (end_id only),
+            # top-k log probs of log_softmax(logits) with k = logprobs (the sampled token not added),
+            # then sampling by strategy from temperature, top_k, top_p alone
+            # (_request_get_sampling_params) with one generator for every request: no penalties, no
+            # bad token ids, no per-request seed. Read at this commit of main from late 2025, before
+            # #9675 below; the feature tables of the docs agree for 1.2 (penalties appear in 1.3).
+            "NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/sampler.py @ 00026bd121addd9ee5650a7da9fee6b57db79a6f",
+            # sampler_type "auto" = TorchSampler unless beam search.
             "https://nvidia.github.io/TensorRT-LLM/features/sampling.html (1.2 text, PR NVIDIA/TensorRT-LLM#10083) "
             "and https://nvidia.github.io/TensorRT-LLM/1.3.0rc24/features/sampling.html",
             # logprobs_mode (LogprobMode RAW default, PROCESSED) on TorchSampler.
