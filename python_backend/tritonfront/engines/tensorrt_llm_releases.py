@@ -26,6 +26,8 @@ class ReleaseLine:
     checked_against: str  # the release these facts were read for
     # LLM(sampler_type=...): one sampler for every request of an engine (an LLM argument, not a
     # request's). Named explicitly so that a changed default cannot change what a request gets.
+    # (1.2's TRTLLMSampler would apply penalties, bad ids and seeds through the C++ decoder, but gives
+    # each token's log prob alone, {sampled token: Logprob(rank=1)}: no top_logprobs; 1.3 deprecates it.)
     sampler_type: str
     # Request features (the project's input names) that sampler does not apply, with why. The
     # adapter refuses a request asking for one (Engine.check_params) instead of passing it on to be
