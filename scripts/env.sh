@@ -2,13 +2,16 @@
 # Sourced by the other scripts (bash): the one place that knows where the venv, the Triton server
 # and its backends live, which pinned requirements set them up, and which environment the Python
 # stubs need to start. Sourcing it twice changes nothing.
-#   TRITONFRONT_VENV         the virtual environment (default: .venv in the repository)
+#   TRITONFRONT_VENV         the virtual environment (default: .venv in the repository); "none": no venv,
+#                            the system python3 and its packages, which stay as they are (the
+#                            -trtllm-python-py3 image's torch and TensorRT-LLM: Dockerfile.trtllm)
 #   TRITONFRONT_CACHE        converted models (default: .cache in the repository)
 #   TRITONFRONT_TRITON_HOME  an installed Triton with bin/tritonserver and backends/, such as the
 #                            official image's /opt/tritonserver (the Dockerfile sets it); unset: the
 #                            server of the nvidia-pytriton wheel in the venv
 TRITONFRONT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${TRITONFRONT_VENV:-$TRITONFRONT_ROOT/.venv}"
+if [ "$VENV" = none ]; then PYTHON_BIN="$(command -v python3 || true)"; else PYTHON_BIN="$VENV/bin/python"; fi
 CACHE_DIR="${TRITONFRONT_CACHE:-$TRITONFRONT_ROOT/.cache}"
 export TRITONFRONT_ROOT TRITONFRONT_CACHE="$CACHE_DIR"
 
@@ -25,13 +28,19 @@ else
   # checkouts would point every one of them at whichever venv set it up last).
   BACKEND_DIR="$VENV/triton/backends"
 fi
+if [ "$VENV" = none ]; then
+  # The image's own packages win: scripts/image_constraints.py keeps each at its installed version.
+  PIP_REQUIREMENTS=(-r "$TRITONFRONT_ROOT/requirements-trtllm.txt")
+fi
 REQUIREMENTS_MODELS="$TRITONFRONT_ROOT/requirements-models.txt"
 
-if [ -x "$VENV/bin/python" ]; then
-  # The stub runs the venv's python: its bin/ first on PATH or it cannot import numpy.
-  if [[ "$PATH:" != "$VENV/bin:"* ]]; then PATH="$VENV/bin:$PATH"; fi
-  export VIRTUAL_ENV="$VENV" PATH
-  mapfile -t _python_facts < <("$VENV/bin/python" -c 'import sys, sysconfig
+if [ -n "$PYTHON_BIN" ] && [ -x "$PYTHON_BIN" ]; then
+  if [ "$VENV" != none ]; then
+    # The stub runs the venv's python: its bin/ first on PATH or it cannot import numpy.
+    if [[ "$PATH:" != "$VENV/bin:"* ]]; then PATH="$VENV/bin:$PATH"; fi
+    export VIRTUAL_ENV="$VENV" PATH
+  fi
+  mapfile -t _python_facts < <("$PYTHON_BIN" -c 'import sys, sysconfig
 print(sysconfig.get_paths()["purelib"]); print(sysconfig.get_config_var("LIBDIR"))
 print("%d.%d" % sys.version_info[:2])')
   SITE_PACKAGES="${_python_facts[0]}" PY_LIBDIR="${_python_facts[1]}" PY_VERSION="${_python_facts[2]}"

