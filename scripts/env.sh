@@ -18,13 +18,15 @@ CACHE_DIR="${TRITONFRONT_CACHE:-$TRITONFRONT_ROOT/.cache}"
 export TRITONFRONT_ROOT TRITONFRONT_CACHE="$CACHE_DIR"
 
 if [ -n "${TRITONFRONT_TRITON_HOME:-}" ]; then
+  CONSTRAINTS="$TRITONFRONT_ROOT/constraints-image.txt"
   PIP_REQUIREMENTS=(-r "$TRITONFRONT_ROOT/requirements.txt" -r "$TRITONFRONT_ROOT/requirements-image.txt"
-                    -c "$TRITONFRONT_ROOT/constraints-image.txt")
+                    -c "$CONSTRAINTS")
   TRITONSERVER="$TRITONFRONT_TRITON_HOME/bin/tritonserver"
   BACKEND_DIR="$TRITONFRONT_TRITON_HOME/backends"
 else
+  CONSTRAINTS="$TRITONFRONT_ROOT/constraints.txt"
   PIP_REQUIREMENTS=(-r "$TRITONFRONT_ROOT/requirements.txt" -r "$TRITONFRONT_ROOT/requirements-pytriton.txt"
-                    -c "$TRITONFRONT_ROOT/constraints.txt")
+                    -c "$CONSTRAINTS")
   TRITONSERVER=""  # inside the venv's nvidia-pytriton, once there is a venv (below)
   # Built by setup.sh from the venv's wheel, so it lives with that venv (a cache shared by several
   # checkouts would point every one of them at whichever venv set it up last).
