@@ -669,10 +669,11 @@ def readme_section(title: str) -> str:
 
 
 def readme_docker_run() -> list[str]:
-    """The arguments of README's `docker run ... tritonfront` that serves (Docker section)."""
+    """The arguments of README's first `docker run ... tritonfront`: the one that serves the image
+    as built (Docker section)."""
     text = readme_section("Docker").replace("\\\n", " ")
-    (line,) = [line for line in text.splitlines() if line.startswith("docker run") and line.rstrip().endswith(" tritonfront")]
-    return shlex.split(line)
+    lines = [line for line in text.splitlines() if line.startswith("docker run") and line.rstrip().endswith(" tritonfront")]
+    return shlex.split(lines[0])
 
 
 def test_readme_runs_the_image_with_every_exposed_port_shm_and_its_init():
