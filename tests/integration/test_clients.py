@@ -2,7 +2,7 @@
 perf_analyzer with README's command lines as printed (only the server's address added: the test
 server listens on free ports), LiteLLM's `triton/` embedding request exactly as its transformation
 builds it (raw HTTP: the request is a fixed JSON body, so litellm itself is not installed), and the
-routes `generate` answers, as README states them."""
+routes `generate` answers, as README states them; and the metric series a stock router reads."""
 import json
 import re
 import shlex
@@ -17,6 +17,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from harness.clients import kserve
+from harness.picker import engine_mapping, picker_config, read, view
 from harness.references import cosines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,3 +132,14 @@ def test_generate_answers_streams_only_as_readme_says(server):
     with urllib.request.urlopen(request, timeout=300) as response:
         events = [line for line in response.read().decode().splitlines() if line.startswith("data: ")]
     assert events and all("text_output" in json.loads(event[6:]) for event in events)
+
+
+def test_the_stock_router_engine_reads_the_llms_gauges(server):
+    """The series llm-d-router's built-in `triton-tensorrt-llm` engine type reads (deploy/kubernetes
+    labels the replicas with it) are on the metrics port with the values of tritonfront's own."""
+    metrics = server.metrics()
+    seen = view(metrics, engine_mapping(picker_config()))  # LookupError when a series is missing
+    assert (seen.waiting, seen.running, seen.kv_cache) == (
+        read(metrics, 'tritonfront_num_requests_waiting{model="llm"}'),
+        read(metrics, 'tritonfront_num_requests_running{model="llm"}'),
+        read(metrics, 'tritonfront_kv_cache_utilization{model="llm"}'))
