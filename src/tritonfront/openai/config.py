@@ -23,11 +23,19 @@ class FrontConfig:
     stream_timeout: float = 90.0
     generate_models: tuple[str, ...] = ("generate",)  # Triton models served as completions and chat
     embed_models: tuple[str, ...] = ("embed",)  # Triton models served as embeddings
+    # (served name, Triton model) pairs: a client may name the Triton model by either; responses
+    # echo the name the request used.
+    served_model_names: tuple[tuple[str, str], ...] = ()
     log_level: str = "warning"
 
     @property
     def models(self) -> tuple[str, ...]:
-        return (*self.generate_models, *self.embed_models)
+        """Every model id a client may send: the Triton names, then the served names."""
+        return (*self.generate_models, *self.embed_models, *(served for served, _ in self.served_model_names))
+
+    def triton_model(self, model: str) -> str:
+        """The Triton model a client's model id names (an id that is not a served name: itself)."""
+        return dict(self.served_model_names).get(model, model)
 
 
 # flag -> (environment variable, help)
@@ -40,6 +48,9 @@ SETTINGS = {
     "--generate-models": ("TRITONFRONT_OPENAI_GENERATE_MODELS",
                           "comma-separated Triton models served by /v1/completions and /v1/chat/completions"),
     "--embed-models": ("TRITONFRONT_OPENAI_EMBED_MODELS", "comma-separated Triton models served by /v1/embeddings"),
+    "--served-model-names": ("TRITONFRONT_OPENAI_SERVED_MODEL_NAMES",
+                             "comma-separated NAME=TRITON_MODEL pairs: model ids served beside the Triton names, "
+                             "e.g. SmolLM2-135M-Instruct=generate"),
     "--log-level": ("TRITONFRONT_OPENAI_LOG_LEVEL", "uvicorn's log level"),
 }
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -52,6 +63,16 @@ def _named(flag: str) -> str:
 
 def _names(value: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in value.split(",") if name.strip())
+
+
+def _served_names(value: str) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in _names(value):
+        served, equals, model = (part.strip() for part in item.partition("="))
+        if not equals or not served or not model:
+            raise ConfigError(f"{_named('--served-model-names')}: {item!r} is not NAME=TRITON_MODEL")
+        pairs.append((served, model))
+    return tuple(pairs)
 
 
 def parse(argv: Optional[Sequence[str]] = None, environ: Optional[dict] = None) -> FrontConfig:
@@ -86,11 +107,19 @@ def parse(argv: Optional[Sequence[str]] = None, environ: Optional[dict] = None) 
         triton_url=args.triton_url, host=args.host, port=number("--port", int, 1, 65535),
         stream_timeout=number("--stream-timeout", float, 0.1, 24 * 3600),
         generate_models=_names(args.generate_models), embed_models=_names(args.embed_models),
-        log_level=args.log_level)
+        served_model_names=_served_names(args.served_model_names), log_level=args.log_level)
     if not config.models:
         raise ConfigError(f"{_named('--generate-models')} and {_named('--embed-models')} name no model")
     both = set(config.generate_models) & set(config.embed_models)
     if both:
         raise ConfigError(f"{', '.join(sorted(both))}: served both for generation and for embeddings; "
                           "a model id must name one kind")
+    triton_models = {*config.generate_models, *config.embed_models}
+    served = [name for name, _ in config.served_model_names]
+    for name, model in config.served_model_names:
+        if model not in triton_models:
+            raise ConfigError(f"{_named('--served-model-names')}: {name}={model}: {model} is not one of the served "
+                              f"Triton models ({', '.join(sorted(triton_models))})")
+        if name in triton_models or served.count(name) > 1:
+            raise ConfigError(f"{_named('--served-model-names')}: {name} names more than one model")
     return config

@@ -11,7 +11,7 @@ log, never to the client).
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -122,17 +122,21 @@ class StreamResponder:
 
 
 class Metrics:
-    """Makes Prometheus metrics on Triton's metrics port, all with the same labels; holds their
-    families, which must outlive the metrics."""
+    """Makes Prometheus metrics on Triton's metrics port, all with the same labels (and any a
+    metric adds); holds their families, which must outlive the metrics. Metrics of one spec share
+    its family (one family per name and process)."""
 
     def __init__(self, labels: dict[str, str]):
         self.labels = labels
-        self.families: list = []
+        self.families: dict[str, Any] = {}
 
-    def __call__(self, spec: MetricSpec, buckets: Sequence[float] = ()) -> Any:
-        kind = getattr(pb_utils.MetricFamily, spec.kind.upper())  # GAUGE, COUNTER, HISTOGRAM
-        family = pb_utils.MetricFamily(name=spec.name, description=spec.description, kind=kind)
-        self.families.append(family)
+    def __call__(self, spec: MetricSpec, buckets: Sequence[float] = (), labels: Optional[dict] = None) -> Any:
+        family = self.families.get(spec.name)
+        if family is None:
+            kind = getattr(pb_utils.MetricFamily, spec.kind.upper())  # GAUGE, COUNTER, HISTOGRAM
+            family = self.families[spec.name] = pb_utils.MetricFamily(name=spec.name, description=spec.description,
+                                                                      kind=kind)
+        labels = {**self.labels, **(labels or {})}
         if spec.kind == "histogram":
-            return family.Metric(labels=self.labels, buckets=list(buckets))
-        return family.Metric(labels=self.labels)
+            return family.Metric(labels=labels, buckets=list(buckets))
+        return family.Metric(labels=labels)
