@@ -14,7 +14,7 @@ from tritonfront.core.model_sources import EMBED_MODEL_ENV, LLM_MODEL_ENV, Model
 def resolve_in_subprocess(tmp_path, **env) -> subprocess.CompletedProcess:
     """huggingface_hub reads HF_HUB_OFFLINE and HF_ENDPOINT at import: a fresh interpreter each time."""
     environment = {"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf home"), **env}
-    return subprocess.run([sys.executable, "-c", "from tritonfront import model_sources\n"
+    return subprocess.run([sys.executable, "-c", "from tritonfront.core import model_sources\n"
                                                  "print(model_sources.embed_model_dir())"],
                           capture_output=True, text=True, env=environment, timeout=120)
 

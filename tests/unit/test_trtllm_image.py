@@ -121,7 +121,8 @@ def test_trtllm_requirements_are_the_projects_own_and_pinned_where_the_image_lac
         if line:
             assert "==" not in line, f"{line}: versions come from the image or constraints-image.txt"
             names.add(normalized(line.split("[")[0]))
-    direct = set(pins(ROOT / "requirements.txt")) | set(pins(ROOT / "requirements-image.txt"))
+    direct = set().union(*(pins(ROOT / name) for name in ("requirements.txt", "requirements-dev.txt",
+                                                           "requirements-image.txt")))
     assert names <= direct, f"not a direct dependency of the project: {sorted(names - direct)}"
     assert IMAGE_PROVIDED <= names
     unpinned = names - IMAGE_PROVIDED - set(pins(ROOT / "constraints-image.txt"))
