@@ -17,7 +17,8 @@ from tritonfront.openai.triton_backend import TritonBackend
 from tritonfront.openai.triton_client import FINAL_FLAG, Contract, TritonClient
 
 CONTRACT = Contract("generate", {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32",
-                                 "num_return_sequences": "INT32", "return_log_probs": "BOOL"},
+                                 "num_return_sequences": "INT32", "return_log_probs": "BOOL",
+                                 "return_token_texts": "BOOL"},
                     frozenset({"text_output", "finish_reason", "prompt_tokens", "completion_tokens",
                                "sequence_index"}), 64)
 
@@ -37,8 +38,9 @@ class Result:
         return SimpleNamespace(parameters={FINAL_FLAG: SimpleNamespace(bool_param=self.final)})
 
 
-def chunks(texts, prompt_tokens=5, reason="stop", sequence=None, log_probs=None):
-    """One sequence's responses: running completion counts, the reason on the last."""
+def chunks(texts, prompt_tokens=5, reason="stop", sequence=None, log_probs=None, token_texts=None):
+    """One sequence's responses: running completion counts, the reason on the last; with log probs,
+    one token per response, its bytes `token_texts[i]` (default: the response's text)."""
     out = []
     for i, text in enumerate(texts):
         last = i == len(texts) - 1
@@ -48,6 +50,8 @@ def chunks(texts, prompt_tokens=5, reason="stop", sequence=None, log_probs=None)
             outputs["sequence_index"] = sequence
         if log_probs is not None:
             outputs["output_log_probs"] = np.array([[[log_probs[i]]]], dtype=np.float32)
+            token = token_texts[i] if token_texts else text.encode()
+            outputs["output_token_texts"] = np.array([[[token]]], dtype=object)
         out.append(Result(last, **outputs))
     return out
 
@@ -70,26 +74,23 @@ class FakeTriton:
 
 
 class Words:
-    """Prompts' stand-in: a chat prompt is the last message's text; one log-prob token per response."""
+    """Prompts' stand-in: a chat prompt is the last message's text."""
     has_chat_template = True
 
     def chat(self, messages):
         return messages[-1]["content"]
 
-    def token_texts(self, text, count):
-        return [text] if count == 1 else [""] * (count - 1) + [text]
-
 
 def chat(triton, **fields) -> ChatServing:
     body = {"model": "generate", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0,
             **fields}
-    return ChatServing(TritonBackend(triton, Words(), None), Words()), \
+    return ChatServing(TritonBackend(triton), Words()), \
         schemas.parse(schemas.ChatCompletionRequest, json.dumps(body).encode())
 
 
 def completion(triton, prompts, **fields):
     body = {"model": "generate", "prompt": prompts, "max_tokens": 8, "temperature": 0, **fields}
-    return CompletionServing(TritonBackend(triton, Words(), None)), \
+    return CompletionServing(TritonBackend(triton)), \
         schemas.parse(schemas.CompletionRequest, json.dumps(body).encode())
 
 
@@ -172,6 +173,14 @@ def test_log_probs_per_token_in_chat_and_completion_shapes():
                                                 "top_logprobs": None, "text_offset": [0, 1]}
 
 
+def test_a_character_split_across_tokens_keeps_its_bytes_per_token():
+    """The detokenizer's per-token bytes: "é" over two tokens is two byte tokens, each shown as U+FFFD."""
+    triton = FakeTriton({"hi": chunks(["", "é"], log_probs=[-0.5, -1.0], token_texts=[b"\xc3", b"\xa9"])})
+    content = whole(chat(triton, logprobs=True))["choices"][0]["logprobs"]["content"]
+    assert [t["bytes"] for t in content] == [[0xC3], [0xA9]] and [t["token"] for t in content] == ["\ufffd"] * 2
+    assert bytes(b for t in content for b in t["bytes"]).decode() == "é"
+
+
 class FakeCall:
     """tritonclient's stream_infer iterator: responses (or None: never answers), and cancel()."""
 
@@ -237,3 +246,41 @@ def test_leaving_a_stream_early_cancels_it():
 
     run(first_only())
     assert call.cancelled
+
+
+class EmbedClient:
+    """TritonClient's stand-in for embeddings: models of max batch 2; each text embeds to its row
+    number and counts 3 tokens, ids count as input_lengths says."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def contract(self, model):
+        inputs = {"text_input": "BYTES"} if model == "embed" else {"input_ids": "INT32", "input_lengths": "INT32"}
+        return Contract(model, {**inputs, "dimensions": "INT32"}, frozenset({"embedding", "input_lengths"}), 2)
+
+    async def infer(self, contract, inputs, outputs, params, offset=0):
+        arrays = {i.name(): np.frombuffer(i._raw_content, dtype=np.int32).reshape(i.shape())
+                  for i in inputs if i.datatype() == "INT32"}
+        rows = inputs[0].shape()[0]
+        self.calls.append((contract.model, offset, outputs, arrays))
+        lengths = arrays.get("input_lengths", np.full((rows, 1), 3, dtype=np.int32))
+        return Result(True, embedding=np.arange(offset, offset + rows, dtype=np.float32).reshape(-1, 1),
+                      input_lengths=lengths)
+
+
+def test_embeddings_count_the_tokens_the_ensemble_returns_in_requests_of_its_batch_size():
+    client = EmbedClient()
+    embedded = run(TritonBackend(client).embed("embed", ["a", "b", "c"], None))
+    assert embedded.vectors.reshape(-1).tolist() == [0, 1, 2] and embedded.prompt_tokens == 9
+    assert [(model, offset) for model, offset, _, _ in client.calls] == [("embed", 0), ("embed", 2)]
+    assert all(outputs == ["embedding", "input_lengths"] for _, _, outputs, _ in client.calls)
+
+
+def test_token_ids_go_to_the_ids_ensemble_padded_with_their_lengths():
+    client = EmbedClient()
+    embedded = run(TritonBackend(client).embed("embed", [[101, 7, 102], [101, 102]], 16))
+    [(model, _, _, arrays)] = client.calls
+    assert model == "embed_ids" and embedded.prompt_tokens == 5
+    assert arrays["input_ids"].tolist() == [[101, 7, 102], [101, 102, 0]]
+    assert arrays["input_lengths"].tolist() == [[3], [2]] and arrays["dimensions"].tolist() == [[16], [16]]

@@ -16,10 +16,10 @@ MAIN = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "tempera
         "apply_chat_template": "BOOL"}
 TRTLLM = {**{k: v for k, v in MAIN.items() if k != "random_seed"}, "seed": "UINT64", "random_seed": "UINT64",
           "num_return_sequences": "INT32", "presence_penalty": "FP32", "frequency_penalty": "FP32",
-          "repetition_penalty": "FP32", "min_tokens": "INT32", "return_log_probs": "BOOL",
+          "repetition_penalty": "FP32", "min_tokens": "INT32", "return_log_probs": "BOOL", "return_token_texts": "BOOL",
           "guided_decoding_guide_type": "BYTES", "guided_decoding_guide": "BYTES"}
 OUTPUTS = frozenset({"text_output", "finish_reason", "prompt_tokens", "completion_tokens", "sequence_index",
-                     "output_log_probs"})
+                     "output_log_probs", "output_token_texts"})
 
 
 def contract(inputs) -> Contract:
@@ -71,9 +71,10 @@ def test_every_sampling_parameter_reaches_its_input():
                            "seed": 2**64 - 1, "stop_words": ["\n"], "presence_penalty": 0.5,
                            "frequency_penalty": -0.5, "repetition_penalty": 1.1, "min_tokens": 2,
                            "num_return_sequences": 3, "stream": True, "return_log_probs": True,
+                           "return_token_texts": True,
                            "guided_decoding_guide_type": "json_schema", "guided_decoding_guide": '{"type": "object"}'}
     assert plan.n == 3 and plan.logprobs == 0
-    assert {"sequence_index", "output_log_probs"} <= set(plan.outputs)
+    assert {"sequence_index", "output_log_probs", "output_token_texts"} <= set(plan.outputs)
     assert plan.params["num_return_sequences"] == "n" and plan.params["guided_decoding_guide"] == "response_format"
 
 
@@ -99,6 +100,13 @@ def test_a_parameter_the_model_cannot_take_is_refused_by_name(fields, param, mis
         chat_plan(MAIN, **fields)
     assert caught.value.status == 400 and caught.value.param == param
     assert caught.value.message == f"{param}: model 'generate' cannot take it: it has no input {missing}"
+
+
+def test_log_probs_need_the_tokens_texts_the_front_never_decodes_itself():
+    without = {k: v for k, v in TRTLLM.items() if k != "return_token_texts"}
+    with pytest.raises(OpenAIError) as caught:
+        chat_plan(without, logprobs=True)
+    assert caught.value.param == "logprobs" and "'return_token_texts'" in caught.value.message
 
 
 def test_top_logprobs_are_refused_the_contract_returns_the_chosen_token_only():

@@ -7,7 +7,6 @@ import sys
 import uvicorn
 
 from .. import model_sources
-from ..tokenization import BatchTokenizer
 from .config import ConfigError, parse
 from .prompts import Prompts
 from .router import Router, build
@@ -21,10 +20,10 @@ def main() -> None:
         sys.exit(f"tritonfront.openai: {error}")
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s tritonfront.openai %(levelname)s %(message)s")
-    # The tokenizers load before the port opens: once it answers, every endpoint can serve.
+    # The LLM's tokenizer (for chat templates) loads before the port opens: once it answers, every
+    # endpoint can serve.
     prompts = Prompts.from_folder(model_sources.llm_model_dir()) if config.generate_models else None
-    embed_tokenizer = BatchTokenizer.from_folder(model_sources.embed_model_dir()) if config.embed_models else None
-    router = Router(config, functools.partial(connected, config, prompts, embed_tokenizer), prompts)
+    router = Router(config, functools.partial(connected, config), prompts)
     uvicorn.run(build(router), host=config.host, port=config.port, loop="uvloop", http="httptools",
                 log_level=config.log_level, access_log=False, timeout_graceful_shutdown=5)
 

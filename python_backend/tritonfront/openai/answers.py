@@ -14,7 +14,7 @@ class ChoiceSoFar:
     text: list = field(default_factory=list)
     finish_reason: Optional[str] = None
     completion_tokens: int = 0
-    tokens: list = field(default_factory=list)  # (text, log prob) per token, when asked for
+    tokens: list = field(default_factory=list)  # (bytes, log prob) per token, when asked for
     started: bool = False  # a streamed chunk of it was sent
 
     @property

@@ -38,7 +38,7 @@ class TextDelta:
     finish_reason: Optional[str]  # set on the choice's last delta
     prompt_tokens: int
     completion_tokens: int  # the choice's running count
-    tokens: Optional[list[tuple[str, float]]] = None  # (text, log prob) of each token, when asked for
+    tokens: Optional[list[tuple[bytes, float]]] = None  # (UTF-8 bytes, log prob) of each token, when asked for
 
 
 @dataclass

@@ -19,9 +19,12 @@ from .protocol import Backend, GenerationRequest
 from .schemas import ChatCompletionRequest
 
 
-def _token_logprobs(tokens: list[tuple[str, float]]) -> list[ChatCompletionTokenLogprob]:
-    return [ChatCompletionTokenLogprob(token=text, logprob=log_prob, bytes=list(text.encode()), top_logprobs=[])
-            for text, log_prob in tokens]
+def _token_logprobs(tokens: list[tuple[bytes, float]]) -> list[ChatCompletionTokenLogprob]:
+    """OpenAI's `bytes` are the token's own (a character split across tokens is split there too);
+    its `token` is them decoded, U+FFFD for a split character, as vLLM shows it."""
+    return [ChatCompletionTokenLogprob(token=token.decode("utf-8", "replace"), logprob=log_prob, bytes=list(token),
+                                       top_logprobs=[])
+            for token, log_prob in tokens]
 
 
 class ChatServing:

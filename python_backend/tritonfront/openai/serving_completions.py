@@ -17,13 +17,14 @@ from .schemas import CompletionRequest
 OPENAI_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
-def _logprobs(tokens: list[tuple[str, float]], offset: int) -> Logprobs:
+def _logprobs(tokens: list[tuple[bytes, float]], offset: int) -> Logprobs:
+    texts = [token.decode("utf-8", "replace") for token, _ in tokens]
     offsets = []
-    for text, _ in tokens:
+    for text in texts:
         offsets.append(offset)
         offset += len(text)
-    return Logprobs(tokens=[text for text, _ in tokens], token_logprobs=[log_prob for _, log_prob in tokens],
-                    top_logprobs=None, text_offset=offsets)
+    return Logprobs(tokens=texts, token_logprobs=[log_prob for _, log_prob in tokens], top_logprobs=None,
+                    text_offset=offsets)
 
 
 class CompletionServing:

@@ -5,16 +5,16 @@
 Generation: one gRPC stream per prompt, all at once; their responses read into deltas and merged
 as they come. Usage counts are the ensemble's own (prompt_tokens, completion_tokens).
 
-Embeddings: texts go to the ensemble as they are, in requests of at most its max batch size, all
-at once. Token ids skip the ensemble's first step, its tokenizer: the front runs the steps after it
-itself, in the order and with the tensor names of the ensemble's own config
-(`ensemble_scheduling`), feeding the ids where the tokenizer's `input_ids` and `input_lengths`
-would go. No model takes ids for the whole pipeline, and this keeps the pipeline's definition in
-one place, the ensemble. The ids are embedded as given: they include the model's special tokens
-([CLS] ... [SEP] for BERT) as `tokenizer(text)` returns them; a list longer than the model's limit
-is refused (texts are truncated to it, as sentence-transformers does). Tokens are counted as the
-ensemble's tokenizer does (its own copy in the front: the ensemble returns embeddings only);
-`dimensions` goes to the pooler, which keeps the first N and normalizes again.
+Embeddings: texts go to the embedding ensemble (`embed`: tokenizer -> encoder -> pooler), token ids
+to its companion without the tokenizer (`embed_ids`: encoder -> pooler), in requests of at most the
+ensemble's max batch size, all at once. Each returns the tokens it embedded (`input_lengths`), which
+are the usage: the front tokenizes nothing. The ids are embedded as given: they include the model's
+special tokens ([CLS] ... [SEP] for BERT) as `tokenizer(text)` returns them; the ensemble refuses a
+list longer than the model's limit, naming it (texts are truncated to it, as sentence-transformers
+does). `dimensions` goes to the pooler, which keeps the first N and normalizes again.
+
+Log probs come with each token's bytes from the detokenizer (`output_token_texts`): the text of a
+token is its bytes decoded, never a prefix decoded again.
 """
 import asyncio
 import contextlib
@@ -22,18 +22,15 @@ from typing import Any, AsyncIterator, Optional, Sequence, Union
 
 import numpy as np
 
-from ..errors import InvalidInput
-from ..tokenization import BatchTokenizer, TextRequest
-from .api_errors import invalid, unsupported
+from .api_errors import SERVER_ERROR, OpenAIError
 from .config import FrontConfig
-from .prompts import Prompts
 from .protocol import Embeddings, GenerationRequest, TextDelta
 from .triton_client import Contract, TritonClient, output
-from .triton_inputs import LOG_PROBS, SEQUENCE_INDEX, Plan, plan
+from .triton_inputs import LOG_PROBS, SEQUENCE_INDEX, TOKEN_TEXTS, Plan, plan
 
-EMBEDDING = "embedding"
-TOKENIZER_OUTPUTS = ("input_ids", "input_lengths")
-EMBED_PARAMS = {"text_input": "input", "input_ids": "input", "dimensions": "dimensions"}
+EMBEDDING, TOKEN_COUNTS = "embedding", "input_lengths"
+IDS_SUFFIX = "_ids"  # the embedding ensemble `embed` takes texts; `embed_ids` takes token ids
+EMBED_PARAMS = {"text_input": "input", "input_ids": "input", "input_lengths": "input", "dimensions": "dimensions"}
 
 
 async def merge(iterators: list) -> AsyncIterator:
@@ -71,11 +68,8 @@ async def merge(iterators: list) -> AsyncIterator:
 
 
 class TritonBackend:
-    """`prompts` (the LLM's tokenizer) cuts a response's text into the text of each token for log
-    probs; `embed_tokenizer` counts the tokens of embedded texts."""
-
-    def __init__(self, client: TritonClient, prompts: Optional[Prompts], embed_tokenizer: Optional[BatchTokenizer]):
-        self.client, self.prompts, self.embed_tokenizer = client, prompts, embed_tokenizer
+    def __init__(self, client: TritonClient):
+        self.client = client
 
     async def close(self) -> None:
         await self.client.close()
@@ -99,77 +93,47 @@ class TritonBackend:
             text = output(result, "text_output", "")
             tokens = None
             if triton_plan.logprobs is not None:
-                array = result.as_numpy(LOG_PROBS)
-                log_probs = [] if array is None else array.reshape(-1).tolist()
-                tokens = list(zip(self.prompts.token_texts(text, len(log_probs)), log_probs)) if log_probs else []
+                log_probs, texts = result.as_numpy(LOG_PROBS), result.as_numpy(TOKEN_TEXTS)
+                tokens = [] if log_probs is None else list(zip(texts.reshape(-1).tolist(), log_probs.reshape(-1).tolist()))
             yield TextDelta(index * triton_plan.n + sequence, index, text, output(result, "finish_reason", "") or None,
                             int(output(result, "prompt_tokens", 0)), int(output(result, "completion_tokens", 0)),
                             tokens)
 
     async def embed(self, model: str, inputs: Union[Sequence[str], Sequence[Sequence[int]]],
                     dimensions: Optional[int]) -> Embeddings:
-        contract = await self.client.contract(model)
-        if all(isinstance(item, str) for item in inputs):
-            tokens, embed = self._count(inputs), self._texts
-        else:
-            tokens, embed = self._check_ids(inputs), self._ids
+        texts = all(isinstance(item, str) for item in inputs)
+        contract = await self.client.contract(model if texts else model + IDS_SUFFIX)
+        if TOKEN_COUNTS not in contract.outputs:
+            raise OpenAIError(500, f"model '{contract.model}' does not return {TOKEN_COUNTS!r}, the token counts "
+                                   "usage needs", type=SERVER_ERROR, code="model_error")
         size = max(1, contract.max_batch_size)
-        parts = await asyncio.gather(*(embed(contract, inputs[start:start + size], dimensions, start)
+        parts = await asyncio.gather(*(self._embed(contract, inputs[start:start + size], dimensions, start, texts)
                                        for start in range(0, len(inputs), size)))
-        return Embeddings(np.concatenate(parts), tokens)
+        return Embeddings(np.concatenate([vectors for vectors, _ in parts]), sum(tokens for _, tokens in parts))
 
-    def _count(self, texts: Sequence[str]) -> int:
-        [result] = self.embed_tokenizer.encode_requests([TextRequest(list(texts))])
-        if isinstance(result, InvalidInput):
-            raise invalid("input", str(result).replace("text_input", "input", 1))
-        return int(result.input_lengths.sum())
-
-    def _check_ids(self, lists: Sequence[Sequence[int]]) -> int:
-        limit = self.embed_tokenizer.max_length
-        for i, ids in enumerate(lists):
-            if len(ids) > limit:
-                raise invalid("input", f"input[{i}]: {len(ids)} token ids is over the model limit of {limit}")
-        return sum(len(ids) for ids in lists)
-
-    async def _texts(self, contract: Contract, texts: Sequence[str], dimensions, offset: int) -> np.ndarray:
-        values: dict[str, Any] = {"text_input": np.array([[text.encode()] for text in texts], dtype=object)}
+    async def _embed(self, contract: Contract, inputs: Sequence, dimensions: Optional[int], offset: int,
+                     texts: bool) -> tuple[np.ndarray, int]:
+        """One Triton request: the embeddings of `inputs` (from index `offset` of the client's list)
+        and their tokens."""
+        if texts:
+            values: dict[str, Any] = {"text_input": np.array([[text.encode()] for text in inputs], dtype=object)}
+        else:
+            longest = max(len(ids) for ids in inputs)
+            # The ensemble reads only the first input_lengths[i] ids of row i: any valid id pads.
+            values = {"input_ids": np.array([list(ids) + [0] * (longest - len(ids)) for ids in inputs], dtype=np.int32),
+                      "input_lengths": np.array([[len(ids)] for ids in inputs], dtype=np.int32)}
         if dimensions is not None:
-            values["dimensions"] = np.full((len(texts), 1), dimensions, dtype=np.int32)
-        result = await self.client.infer(contract, contract.tensors(values), [EMBEDDING], EMBED_PARAMS, offset)
-        return result.as_numpy(EMBEDDING)
-
-    async def _ids(self, contract: Contract, lists: Sequence[Sequence[int]], dimensions, offset: int) -> np.ndarray:
-        """The ensemble's steps after its tokenizer, run here on the given ids."""
-        if not contract.steps or not set(TOKENIZER_OUTPUTS) <= set(contract.steps[0].outputs):
-            raise unsupported("input", f"token ids are not supported by model '{contract.model}': its pipeline does "
-                                       "not start with a tokenizer step giving input_ids and input_lengths")
-        tensors: dict[str, np.ndarray] = {}
-        longest = max(len(ids) for ids in lists)
-        tensors[contract.steps[0].outputs["input_ids"]] = np.array(
-            [list(ids) + [self.embed_tokenizer.pad_id] * (longest - len(ids)) for ids in lists], dtype=np.int32)
-        tensors[contract.steps[0].outputs["input_lengths"]] = np.array([[len(ids)] for ids in lists], dtype=np.int32)
-        if dimensions is not None:
-            tensors["dimensions"] = np.full((len(lists), 1), dimensions, dtype=np.int32)
-        for step in contract.steps[1:]:
-            model = await self.client.contract(step.model)
-            values = {name: tensors[tensor] for name, tensor in step.inputs.items() if tensor in tensors}
-            params = {name: EMBED_PARAMS[tensor] for name, tensor in step.inputs.items() if tensor in EMBED_PARAMS}
-            params.update({name: "input" for name, tensor in step.inputs.items()
-                           if tensor == contract.steps[0].outputs["input_ids"]})
-            result = await self.client.infer(model, model.tensors(values), list(step.outputs), params, offset)
-            tensors.update({tensor: result.as_numpy(name) for name, tensor in step.outputs.items()})
-        if EMBEDDING not in tensors:
-            raise unsupported("input", f"token ids are not supported by model '{contract.model}': its steps give "
-                                       f"no {EMBEDDING!r}")
-        return tensors[EMBEDDING]
+            values["dimensions"] = np.full((len(inputs), 1), dimensions, dtype=np.int32)
+        result = await self.client.infer(contract, contract.tensors(values), [EMBEDDING, TOKEN_COUNTS], EMBED_PARAMS,
+                                         offset)
+        return result.as_numpy(EMBEDDING), int(result.as_numpy(TOKEN_COUNTS).sum())
 
 
 @contextlib.asynccontextmanager
-async def connected(config: FrontConfig, prompts: Optional[Prompts],
-                    embed_tokenizer: Optional[BatchTokenizer]) -> AsyncIterator[TritonBackend]:
+async def connected(config: FrontConfig) -> AsyncIterator[TritonBackend]:
     """A TritonBackend on one gRPC channel to config.triton_url, open while in the context (opened
     inside the serving event loop, which the channel belongs to)."""
-    backend = TritonBackend(TritonClient(config.triton_url, config.stream_timeout), prompts, embed_tokenizer)
+    backend = TritonBackend(TritonClient(config.triton_url, config.stream_timeout))
     try:
         yield backend
     finally:

@@ -23,7 +23,7 @@ OPENAI_TEMPERATURE = OPENAI_TOP_P = 1.0
 UINT64 = 2**64
 # Outputs every request reads; the others only when asked for.
 TEXT_OUTPUTS = ("text_output", "finish_reason", "prompt_tokens", "completion_tokens")
-SEQUENCE_INDEX, LOG_PROBS = "sequence_index", "output_log_probs"
+SEQUENCE_INDEX, LOG_PROBS, TOKEN_TEXTS = "sequence_index", "output_log_probs", "output_token_texts"
 
 
 @dataclass
@@ -82,6 +82,7 @@ def _log_probs(inputs: _Inputs, param: str, alternatives: int) -> None:
         raise unsupported(param, f"{alternatives} alternatives per token asked for, but the generation contract "
                                  "returns only the chosen token's log probability (output_log_probs): use 0")
     inputs.put(param, True, "return_log_probs")
+    inputs.put(param, True, "return_token_texts")  # each token's bytes, the text its log prob belongs to
 
 
 def _outputs(contract: Contract, logprobs: bool) -> list[str]:
@@ -89,7 +90,7 @@ def _outputs(contract: Contract, logprobs: bool) -> list[str]:
     if SEQUENCE_INDEX in contract.outputs:
         outputs.append(SEQUENCE_INDEX)
     if logprobs:
-        outputs.append(LOG_PROBS)
+        outputs.extend((LOG_PROBS, TOKEN_TEXTS))
     return outputs
 
 
