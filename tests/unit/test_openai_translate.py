@@ -11,6 +11,8 @@ from tritonfront.openai.serving_chat import ChatServing
 from tritonfront.openai.serving_completions import CompletionServing
 from tritonfront.openai.triton_client import Contract
 
+from fake_openai_backend import Prompts
+
 MAIN = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32", "top_k": "INT32",
         "top_p": "FP32", "random_seed": "UINT64", "stop_words": "BYTES", "end_id": "INT32",
         "apply_chat_template": "BOOL"}
@@ -24,17 +26,6 @@ OUTPUTS = frozenset({"text_output", "finish_reason", "prompt_tokens", "completio
 
 def contract(inputs) -> Contract:
     return Contract("generate", inputs, OUTPUTS, 64)
-
-
-class Prompts:
-    has_chat_template = True
-    context_length = 100
-
-    def chat(self, messages):
-        return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
-
-    def room(self, prompt):
-        return self.context_length - len(prompt)
 
 
 def chat_plan(inputs=TRTLLM, **fields):

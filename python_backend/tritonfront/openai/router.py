@@ -87,23 +87,20 @@ class Router:
         except OpenAIError as error:
             return error_response(error)
 
-    async def completions(self, request: Request) -> Response:
+    async def generate(self, request: Request, body_type: type, serving) -> Response:
         try:
-            parsed = await self.parse(request, schemas.CompletionRequest, self.config.generate_models)
+            parsed = await self.parse(request, body_type, self.config.generate_models)
         except OpenAIError as error:
             return error_response(error)
         if parsed.stream:
-            return await open_stream(request, self.completion.stream(parsed))
-        return await answer(request, self.completion.whole(parsed))
+            return await open_stream(request, serving.stream(parsed))
+        return await answer(request, serving.whole(parsed))
+
+    async def completions(self, request: Request) -> Response:
+        return await self.generate(request, schemas.CompletionRequest, self.completion)
 
     async def chat_completions(self, request: Request) -> Response:
-        try:
-            parsed = await self.parse(request, schemas.ChatCompletionRequest, self.config.generate_models)
-        except OpenAIError as error:
-            return error_response(error)
-        if parsed.stream:
-            return await open_stream(request, self.chat.stream(parsed))
-        return await answer(request, self.chat.whole(parsed))
+        return await self.generate(request, schemas.ChatCompletionRequest, self.chat)
 
     async def embeddings(self, request: Request) -> Response:
         try:

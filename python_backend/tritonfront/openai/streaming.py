@@ -75,17 +75,21 @@ async def _until_disconnect(receive) -> None:
         pass
 
 
+async def _first_of(*tasks: asyncio.Future) -> None:
+    """Waits for the first task to end, then cancels and awaits the others."""
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def with_cancellation(request: Request, work: Awaitable[T]) -> T:
     """`work`'s result, awaited while the connection is watched; a client that leaves cancels the
     work and raises ClientLeft. The request's body must have been read."""
     task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_until_disconnect(request.receive))
-    try:
-        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, watch):
-            pending.cancel()
-        await asyncio.gather(task, watch, return_exceptions=True)
+    await _first_of(task, asyncio.ensure_future(_until_disconnect(request.receive)))
     if task.cancelled():
         raise ClientLeft()
     return task.result()
@@ -109,14 +113,10 @@ class EventStream(StreamingResponse):
         super().__init__(events, headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
 
     async def __call__(self, scope, receive, send) -> None:
-        stream = asyncio.ensure_future(self.stream_response(send))
-        watch = asyncio.ensure_future(self.listen_for_disconnect(receive))
         try:
-            await asyncio.wait((stream, watch), return_when=asyncio.FIRST_COMPLETED)
+            await _first_of(asyncio.ensure_future(self.stream_response(send)),
+                            asyncio.ensure_future(self.listen_for_disconnect(receive)))
         finally:
-            for task in (stream, watch):
-                task.cancel()
-            await asyncio.gather(stream, watch, return_exceptions=True)
             await self.body_iterator.aclose()
 
 
