@@ -249,24 +249,28 @@ def test_leaving_a_stream_early_cancels_it():
 
 
 class EmbedClient:
-    """TritonClient's stand-in for embeddings: models of max batch 2; each text embeds to its row
-    number and counts 3 tokens, ids count as input_lengths says."""
+    """TritonClient's stand-in for embeddings: `embed` (texts, returns token counts) and `embed_ids`
+    (ids, embeddings only), max batch 2; each input embeds to its row number, each text counts 3."""
 
     def __init__(self):
         self.calls = []
 
     async def contract(self, model):
-        inputs = {"text_input": "BYTES"} if model == "embed" else {"input_ids": "INT32", "input_lengths": "INT32"}
-        return Contract(model, {**inputs, "dimensions": "INT32"}, frozenset({"embedding", "input_lengths"}), 2)
+        if model == "embed":
+            return Contract(model, {"text_input": "BYTES", "dimensions": "INT32"},
+                            frozenset({"embedding", "input_lengths"}), 2)
+        return Contract(model, {"input_ids": "INT32", "input_lengths": "INT32", "dimensions": "INT32"},
+                        frozenset({"embedding"}), 2)
 
     async def infer(self, contract, inputs, outputs, params, offset=0):
         arrays = {i.name(): np.frombuffer(i._raw_content, dtype=np.int32).reshape(i.shape())
                   for i in inputs if i.datatype() == "INT32"}
         rows = inputs[0].shape()[0]
         self.calls.append((contract.model, offset, outputs, arrays))
-        lengths = arrays.get("input_lengths", np.full((rows, 1), 3, dtype=np.int32))
-        return Result(True, embedding=np.arange(offset, offset + rows, dtype=np.float32).reshape(-1, 1),
-                      input_lengths=lengths)
+        embedding = np.arange(offset, offset + rows, dtype=np.float32).reshape(-1, 1)
+        if "input_lengths" in outputs:
+            return Result(True, embedding=embedding, input_lengths=np.full((rows, 1), 3, dtype=np.int32))
+        return Result(True, embedding=embedding)
 
 
 def test_embeddings_count_the_tokens_the_ensemble_returns_in_requests_of_its_batch_size():
@@ -280,7 +284,7 @@ def test_embeddings_count_the_tokens_the_ensemble_returns_in_requests_of_its_bat
 def test_token_ids_go_to_the_ids_ensemble_padded_with_their_lengths():
     client = EmbedClient()
     embedded = run(TritonBackend(client).embed("embed", [[101, 7, 102], [101, 102]], 16))
-    [(model, _, _, arrays)] = client.calls
-    assert model == "embed_ids" and embedded.prompt_tokens == 5
+    [(model, _, outputs, arrays)] = client.calls
+    assert model == "embed_ids" and outputs == ["embedding"] and embedded.prompt_tokens == 5
     assert arrays["input_ids"].tolist() == [[101, 7, 102], [101, 102, 0]]
     assert arrays["input_lengths"].tolist() == [[3], [2]] and arrays["dimensions"].tolist() == [[16], [16]]

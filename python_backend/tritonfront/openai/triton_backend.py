@@ -18,7 +18,7 @@ token is its bytes decoded, never a prefix decoded again.
 """
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator, Optional, Sequence, Union
+from typing import AsyncIterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -36,8 +36,9 @@ EMBED_PARAMS = {"text_input": "input", "input_ids": "input", "input_lengths": "i
 async def merge(iterators: list) -> AsyncIterator:
     """The items of several async iterators as they come; an error in one ends all."""
     if len(iterators) == 1:
-        async for item in iterators[0]:
-            yield item
+        async with contextlib.aclosing(iterators[0]) as only:  # closed at once when the consumer leaves
+            async for item in only:
+                yield item
         return
     queue: asyncio.Queue = asyncio.Queue()
     finished = object()
@@ -103,30 +104,40 @@ class TritonBackend:
                     dimensions: Optional[int]) -> Embeddings:
         texts = all(isinstance(item, str) for item in inputs)
         contract = await self.client.contract(model if texts else model + IDS_SUFFIX)
-        if TOKEN_COUNTS not in contract.outputs:
+        if texts and TOKEN_COUNTS not in contract.outputs:
             raise OpenAIError(500, f"model '{contract.model}' does not return {TOKEN_COUNTS!r}, the token counts "
                                    "usage needs", type=SERVER_ERROR, code="model_error")
         size = max(1, contract.max_batch_size)
-        parts = await asyncio.gather(*(self._embed(contract, inputs[start:start + size], dimensions, start, texts)
+        embed = self._texts if texts else self._ids
+        parts = await asyncio.gather(*(embed(contract, inputs[start:start + size], dimensions, start)
                                        for start in range(0, len(inputs), size)))
         return Embeddings(np.concatenate([vectors for vectors, _ in parts]), sum(tokens for _, tokens in parts))
 
-    async def _embed(self, contract: Contract, inputs: Sequence, dimensions: Optional[int], offset: int,
-                     texts: bool) -> tuple[np.ndarray, int]:
-        """One Triton request: the embeddings of `inputs` (from index `offset` of the client's list)
-        and their tokens."""
-        if texts:
-            values: dict[str, Any] = {"text_input": np.array([[text.encode()] for text in inputs], dtype=object)}
-        else:
-            longest = max(len(ids) for ids in inputs)
-            # The ensemble reads only the first input_lengths[i] ids of row i: any valid id pads.
-            values = {"input_ids": np.array([list(ids) + [0] * (longest - len(ids)) for ids in inputs], dtype=np.int32),
-                      "input_lengths": np.array([[len(ids)] for ids in inputs], dtype=np.int32)}
-        if dimensions is not None:
-            values["dimensions"] = np.full((len(inputs), 1), dimensions, dtype=np.int32)
-        result = await self.client.infer(contract, contract.tensors(values), [EMBEDDING, TOKEN_COUNTS], EMBED_PARAMS,
-                                         offset)
+    async def _texts(self, contract: Contract, texts: Sequence[str], dimensions: Optional[int],
+                     offset: int) -> tuple[np.ndarray, int]:
+        """One Triton request: the embeddings of `texts` (from index `offset` of the client's list)
+        and the tokens the ensemble's tokenizer gave them."""
+        values = {"text_input": np.array([[text.encode()] for text in texts], dtype=object)}
+        result = await self.client.infer(contract, contract.tensors(_with_dimensions(values, dimensions, len(texts))),
+                                         [EMBEDDING, TOKEN_COUNTS], EMBED_PARAMS, offset)
         return result.as_numpy(EMBEDDING), int(result.as_numpy(TOKEN_COUNTS).sum())
+
+    async def _ids(self, contract: Contract, lists: Sequence[Sequence[int]], dimensions: Optional[int],
+                   offset: int) -> tuple[np.ndarray, int]:
+        """One Triton request: the embeddings of the token-id lists and their tokens."""
+        longest = max(len(ids) for ids in lists)
+        # The ensemble reads only the first input_lengths[i] ids of row i: any valid id pads.
+        values = {"input_ids": np.array([list(ids) + [0] * (longest - len(ids)) for ids in lists], dtype=np.int32),
+                  "input_lengths": np.array([[len(ids)] for ids in lists], dtype=np.int32)}
+        result = await self.client.infer(contract, contract.tensors(_with_dimensions(values, dimensions, len(lists))),
+                                         [EMBEDDING], EMBED_PARAMS, offset)
+        return result.as_numpy(EMBEDDING), sum(len(ids) for ids in lists)
+
+
+def _with_dimensions(values: dict, dimensions: Optional[int], rows: int) -> dict:
+    if dimensions is not None:
+        values["dimensions"] = np.full((rows, 1), dimensions, dtype=np.int32)
+    return values
 
 
 @contextlib.asynccontextmanager
