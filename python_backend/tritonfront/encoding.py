@@ -15,7 +15,6 @@ from .errors import InvalidInput
 from .inputs import Inputs, required
 from .load import MetricSpec
 from .ragged import pad, unpad
-from .tokenization import max_sequence_length
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,9 @@ def transformer_subfolder(model_dir: Path) -> Path:
 class RaggedEncoder:
     def __init__(self, model: torch.nn.Module, device: str = "cpu", max_batch_tokens: int = 8192,
                  max_batch_sequences: int = 64, max_length: int = 0):
-        """`max_length`: the most ids one sequence may have (0: the model's position limit)."""
+        """`max_length`: the most ids one sequence may have (0: the model's position limit); the
+        `encoder` model passes the limit its tokenizer truncates texts to, so ids sent directly
+        (`embed_ids`) meet the same bound as texts."""
         self.model = model.eval().to(device)
         self.device = device
         self.max_length = max_length or int(model.config.max_position_embeddings)
@@ -81,9 +82,6 @@ class RaggedEncoder:
         from transformers import AutoModel
 
         model = AutoModel.from_pretrained(transformer_subfolder(model_dir), dtype=torch.float32)
-        # The limit the tokenizer step truncates texts to, so that ids sent directly (`embed_ids`)
-        # meet the same bound as texts.
-        kwargs.setdefault("max_length", max_sequence_length(model_dir, None))
         return cls(model, device=device, **kwargs)
 
     @property
