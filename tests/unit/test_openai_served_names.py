@@ -1,36 +1,32 @@
 """Served model names: the OpenAI front answers to a configured name beside the Triton model's own
 (--served-model-names / TRITONFRONT_OPENAI_SERVED_MODEL_NAMES), lists both in /v1/models and sends
-Triton the Triton name. Triton is a stand-in here: what is checked is the front's model lookup."""
-import asyncio
-import json
+Triton the Triton name. The backend is a stand-in (fake_openai_backend): what is checked is the front's model lookup."""
+import contextlib
 
 import pytest
+from starlette.testclient import TestClient
 
 from tritonfront.openai import config
-from tritonfront.openai.app import Front
-from tritonfront.openai.errors import OpenAIError
+from tritonfront.openai.api_errors import OpenAIError
+from tritonfront.openai.router import Router, build
+
+from fake_openai_backend import FakeBackend, Prompts, delta
 
 SERVED = "SmolLM2-135M-Instruct=generate, all-MiniLM-L6-v2=embed"
+CHAT_PROMPT = "user:hi|assistant:"
 
 
-class Triton:
-    """Answers contract() and model_ready() for the Triton models it has, recording the names."""
+@contextlib.contextmanager
+def served_front(ready=True):
+    backend = FakeBackend({CHAT_PROMPT: [delta("Hi", "stop", 1)]}, ready=ready)
 
-    def __init__(self, ready: set[str]):
-        self.ready, self.asked = ready, []
+    @contextlib.asynccontextmanager
+    async def open_backend():
+        yield backend
 
-    async def model_ready(self, model: str) -> bool:
-        return model in self.ready
-
-    async def contract(self, model: str):
-        self.asked.append(model)
-        return f"contract of {model}"
-
-
-def front(ready=("generate", "embed")) -> Front:
-    front = Front(config.parse([], {"TRITONFRONT_OPENAI_SERVED_MODEL_NAMES": SERVED}), None, None)
-    front.triton = Triton(set(ready))
-    return front
+    front = Router(config.parse([], {"TRITONFRONT_OPENAI_SERVED_MODEL_NAMES": SERVED}), open_backend, Prompts())
+    with TestClient(build(front)) as client:
+        yield client, backend
 
 
 def test_the_flag_and_its_variable_parse_into_pairs():
@@ -55,27 +51,27 @@ def test_a_bad_served_name_is_refused_naming_the_flag(value, words):
     assert words in str(caught.value)
 
 
-def test_a_served_name_reaches_triton_as_the_triton_model():
-    served = front()
-    assert asyncio.run(served.contract("SmolLM2-135M-Instruct", served.config.generate_models)) == "contract of generate"
-    assert asyncio.run(served.contract("all-MiniLM-L6-v2", served.config.embed_models)) == "contract of embed"
-    assert asyncio.run(served.contract("generate", served.config.generate_models)) == "contract of generate"
-    assert served.triton.asked == ["generate", "embed", "generate"]
+def test_a_served_name_reaches_the_backend_as_the_triton_model_and_is_echoed():
+    with served_front() as (client, backend):
+        chat = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}]}
+        answer = client.post("/v1/chat/completions", json=chat).json()
+        embedded = client.post("/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": ["x"]}).json()
+    assert [request.model for request in backend.requests] == ["generate"]
+    assert answer["model"] == "SmolLM2-135M-Instruct" and embedded["model"] == "all-MiniLM-L6-v2"
 
 
 def test_a_served_name_on_the_wrong_endpoint_or_an_unknown_one_fails():
-    served = front()
-    with pytest.raises(OpenAIError) as caught:
-        asyncio.run(served.contract("all-MiniLM-L6-v2", served.config.generate_models))
-    assert "'all-MiniLM-L6-v2' is served by /v1/embeddings" in caught.value.message
-    with pytest.raises(OpenAIError) as caught:
-        asyncio.run(served.contract("SmolLM2-360M-Instruct", served.config.generate_models))
-    assert caught.value.status == 404 and served.triton.asked == []
+    with served_front() as (client, backend):
+        wrong = client.post("/v1/chat/completions", json={"model": "all-MiniLM-L6-v2", "messages": [
+            {"role": "user", "content": "hi"}]})
+        unknown = client.post("/v1/embeddings", json={"model": "nobody", "input": ["x"]})
+    assert wrong.status_code == 400 and "'all-MiniLM-L6-v2' is served by /v1/embeddings" in wrong.json()["error"]["message"]
+    assert unknown.status_code == 404 and backend.requests == []
 
 
 def test_models_lists_both_names_of_a_ready_model():
-    listed = json.loads(asyncio.run(front(ready={"generate"}).models(None)).body)
-    assert [card["id"] for card in listed["data"]] == ["generate", "SmolLM2-135M-Instruct"]
-    card = json.loads(asyncio.run(front().model(type("Request", (), {"path_params": {"model": "all-MiniLM-L6-v2"}})))
-                      .body)
+    with served_front() as (client, _):
+        listed = client.get("/v1/models").json()
+        card = client.get("/v1/models/all-MiniLM-L6-v2").json()
+    assert [card["id"] for card in listed["data"]] == ["generate", "embed", "SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"]
     assert card["id"] == "all-MiniLM-L6-v2"

@@ -220,6 +220,18 @@ def check_words(words: Sequence[str], field: str) -> None:
         raise InvalidInput(field, f"{len(words)} words is over the limit of {MAX_WORDS}")
 
 
+CHAT_ROLES = {"developer": "system"}  # OpenAI's newer name for the system role; templates know "system"
+
+
+def render_chat(tokenizer, messages: Sequence[dict]) -> str:
+    """The one place a chat template is rendered (the llm_tokenizer's apply_chat_template and the
+    OpenAI front's chat): `messages` ({"role", "content"[, "name"]}) through the tokenizer's template
+    with the assistant's turn opened, as text whose encoding without added special tokens is
+    apply_chat_template(tokenize=True)'s ids."""
+    turns = [{**message, "role": CHAT_ROLES.get(message["role"], message["role"])} for message in messages]
+    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+
+
 class PromptTokenizer(BatchTokenizer):
     """The `llm_tokenizer` model's side: generation prompts, raw or through the chat template, and
     their stop and bad words. A whole dynamic batch, every prompt of every request, still takes one
@@ -231,8 +243,7 @@ class PromptTokenizer(BatchTokenizer):
     def chat_text(self, text: str) -> str:
         if not getattr(self.tokenizer, "chat_template", None):
             raise InvalidInput("apply_chat_template", "is true but this model has no chat template")
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                  add_generation_prompt=True)
+        return render_chat(self.tokenizer, [{"role": "user", "content": text}])
 
     def encode_prompts(self, requests: Sequence[PromptRequest]) -> list:
         """Per request a TokenizedPrompt or the InvalidInput it earned."""

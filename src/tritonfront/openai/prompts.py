@@ -1,5 +1,5 @@
-"""The LLM's tokenizer in the front: chat templates rendered here (multi-turn, system prompts),
-prompt lengths, and the text of each token a log prob belongs to.
+"""The LLM's tokenizer in the front: chat prompts (multi-turn, system prompts; rendered by the core
+library's render_chat, as the llm_tokenizer renders its own) and prompt lengths.
 
 The generation ensemble takes text: the `llm_tokenizer` model encodes a raw prompt with the special
 tokens the tokenizer's post-processor adds (as `tokenizer(text)` does). A rendered chat template
@@ -14,11 +14,9 @@ import logging
 from pathlib import Path
 from typing import Sequence
 
-from ..core.tokenization import max_sequence_length
+from ..core.tokenization import max_sequence_length, render_chat
 
 log = logging.getLogger("tritonfront.openai")
-
-ROLES = {"developer": "system"}  # OpenAI's newer name for the system role; templates know "system"
 
 
 class Prompts:
@@ -46,8 +44,7 @@ class Prompts:
     def chat(self, messages: Sequence[dict]) -> str:
         """The raw prompt for `messages` ({"role", "content"[, "name"]}): the model's chat template
         with the assistant's turn opened, less the prefix the ensemble's tokenizer adds back."""
-        turns = [{**message, "role": ROLES.get(message["role"], message["role"])} for message in messages]
-        text = self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        text = render_chat(self.tokenizer, messages)
         if self._added_prefix and text.startswith(self._added_prefix):
             text = text[len(self._added_prefix):]
         return text
@@ -59,29 +56,3 @@ class Prompts:
     def room(self, prompt: str) -> int:
         """Tokens the model may generate after `prompt` (vLLM's default max_tokens)."""
         return self.context_length - self.count(prompt)
-
-    def token_texts(self, text: str, count: int) -> list[str]:
-        """`text`, which `count` generated tokens decoded to, cut into the text of each token.
-
-        The ensemble returns text, not ids: a response carrying one token is exact; for one carrying
-        several, the text is encoded again and cut where each token's text ends, which gives the
-        generated tokens whenever the model produced the tokenizer's own encoding of its text. When
-        encoding again gives another number of tokens, the whole text goes with the last token and
-        the others get empty text."""
-        if count == 1:
-            return [text]
-        unsplit = [""] * (count - 1) + [text]
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) != count:
-            return unsplit
-        pieces, done = [], ""
-        for i in range(1, count + 1):
-            decoded = text if i == count else self.tokenizer.decode(ids[:i])
-            if decoded.endswith("\ufffd") and i < count:  # a character split across tokens: it goes with the last
-                pieces.append("")
-                continue
-            if not decoded.startswith(done):
-                return unsplit
-            pieces.append(decoded[len(done):])
-            done = decoded
-        return pieces
