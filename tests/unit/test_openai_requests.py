@@ -103,6 +103,8 @@ def test_embedding_inputs_in_every_openai_shape(value, expected):
     ({"input": [[1], []]}, "input", "non-empty lists"),
     ({"input": [1, "a"]}, "input", "a list of a string, an integer"),
     ({"input": ["x"] * 2049}, "input", "2049 inputs is over the limit of 2048"),
+    ({"input": ""}, "input", "input: must not be an empty string"),
+    ({"input": ["a", ""]}, "input", "input[1] must not be an empty string"),
     ({"input": "x", "encoding_format": "hex"}, "encoding_format", "'float' or 'base64'"),
     ({"input": "x", "dimensions": 0}, "dimensions", "greater than or equal to 1"),
     ({"input": "x", "truncate": False}, "truncate", "Unrecognized"),

@@ -241,6 +241,10 @@ class EmbeddingRequest(Body):
     def _not_too_many(self) -> "EmbeddingRequest":
         if len(self.input) > MAX_EMBEDDING_INPUTS:
             raise _Refused("input", f"{len(self.input)} inputs is over the limit of {MAX_EMBEDDING_INPUTS} per request")
+        empty = next((i for i, text in enumerate(self.input) if text == ""), None)
+        if empty is not None:  # as OpenAI answers it: an empty text has nothing to embed
+            raise _Refused("input", "must not be an empty string" if len(self.input) == 1 else
+                           f"input[{empty}] must not be an empty string")
         return self
 
 
