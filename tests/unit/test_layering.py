@@ -34,7 +34,7 @@ LAYER = {module: depth for depth, modules in enumerate(LAYERS) for module in mod
 
 
 def library_modules() -> dict[str, Path]:
-    """The dotted name of every module below tritonfront ("engines.hf", "openai.app", "pooling")."""
+    """The dotted name of every module below tritonfront ("engines.hf", "openai.router", "pooling")."""
     return {".".join(path.relative_to(LIBRARY).with_suffix("").parts): path
             for path in LIBRARY.rglob("*.py")}
 

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from tritonfront.openai import config, schemas
-from tritonfront.openai.errors import OpenAIError, from_triton
+from tritonfront.openai.api_errors import OpenAIError
+from tritonfront.openai.triton_errors import from_triton
 
 CHAT = {"model": "generate", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -1,13 +1,15 @@
-"""OpenAI requests -> the generation ensemble's inputs (TensorRT-LLM's names), against the inputs a
-model declares: OpenAI's sampling defaults, the current or older input name, and a parameter whose
-input the model lacks refused by name."""
+"""OpenAI requests -> the serving modules' GenerationRequest -> the generation ensemble's inputs
+(TensorRT-LLM's names), against the inputs a model declares: OpenAI's sampling defaults, the current
+or older input name, and a parameter whose input the model lacks refused by name."""
 import json
 
 import pytest
 
-from tritonfront.openai import schemas, translate
-from tritonfront.openai.errors import OpenAIError
-from tritonfront.openai.triton import Contract
+from tritonfront.openai import schemas, triton_inputs
+from tritonfront.openai.api_errors import OpenAIError
+from tritonfront.openai.serving_chat import ChatServing
+from tritonfront.openai.serving_completions import CompletionServing
+from tritonfront.openai.triton_client import Contract
 
 MAIN = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32", "top_k": "INT32",
         "top_p": "FP32", "random_seed": "UINT64", "stop_words": "BYTES", "end_id": "INT32",
@@ -38,13 +40,13 @@ class Prompts:
 def chat_plan(inputs=TRTLLM, **fields):
     body = {"model": "generate", "messages": [{"role": "user", "content": "hi"}], **fields}
     request = schemas.parse(schemas.ChatCompletionRequest, json.dumps(body).encode())
-    return translate.chat_plan(request, contract(inputs), Prompts())
+    return triton_inputs.plan(ChatServing(None, Prompts()).generation_request(request), contract(inputs))
 
 
 def completion_plan(inputs=TRTLLM, **fields):
     body = {"model": "generate", "prompt": "Once", **fields}
-    return translate.completion_plan(schemas.parse(schemas.CompletionRequest, json.dumps(body).encode()),
-                                     contract(inputs))
+    request = schemas.parse(schemas.CompletionRequest, json.dumps(body).encode())
+    return triton_inputs.plan(CompletionServing.generation_request(request), contract(inputs))
 
 
 def test_openai_samples_at_temperature_1_unless_told():
@@ -108,7 +110,7 @@ def test_top_logprobs_are_refused_the_contract_returns_the_chosen_token_only():
 
 def test_completions_default_to_16_tokens_and_keep_their_prompts():
     plan = completion_plan(prompt=["a", "b"], echo=True)
-    assert plan.prompts == ["a", "b"] and plan.inputs["max_tokens"] == 16 and plan.echo
+    assert plan.prompts == ["a", "b"] and plan.inputs["max_tokens"] == 16
     assert plan.params["text_input"] == "prompt"
 
 
@@ -130,7 +132,7 @@ def test_a_model_without_a_chat_template_refuses_chat():
     request = schemas.parse(schemas.ChatCompletionRequest,
                             b'{"model": "generate", "messages": [{"role": "user", "content": "hi"}]}')
     with pytest.raises(OpenAIError) as caught:
-        translate.chat_plan(request, contract(TRTLLM), Plain())
+        ChatServing(None, Plain()).generation_request(request)
     assert caught.value.param == "messages" and "no chat template" in caught.value.message
 
 

@@ -1,5 +1,6 @@
 """python -m tritonfront.openai [--triton-url HOST:PORT --host ADDRESS --port PORT ...]: the OpenAI
 API in front of a running tritonserver (scripts/serve.sh starts it beside the server)."""
+import functools
 import logging
 import sys
 
@@ -7,9 +8,10 @@ import uvicorn
 
 from .. import model_sources
 from ..tokenization import BatchTokenizer
-from .app import Front, build
 from .config import ConfigError, parse
 from .prompts import Prompts
+from .router import Router, build
+from .triton_backend import connected
 
 
 def main() -> None:
@@ -22,8 +24,8 @@ def main() -> None:
     # The tokenizers load before the port opens: once it answers, every endpoint can serve.
     prompts = Prompts.from_folder(model_sources.llm_model_dir()) if config.generate_models else None
     embed_tokenizer = BatchTokenizer.from_folder(model_sources.embed_model_dir()) if config.embed_models else None
-    front = Front(config, prompts, embed_tokenizer)
-    uvicorn.run(build(front), host=config.host, port=config.port, loop="uvloop", http="httptools",
+    router = Router(config, functools.partial(connected, config, prompts, embed_tokenizer), prompts)
+    uvicorn.run(build(router), host=config.host, port=config.port, loop="uvloop", http="httptools",
                 log_level=config.log_level, access_log=False, timeout_graceful_shutdown=5)
 
 

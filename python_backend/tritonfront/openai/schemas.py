@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import invalid, unsupported
+from .api_errors import invalid, unsupported
 
 INT32_MAX = 2**31 - 1
 INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1

@@ -20,7 +20,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
-from .errors import OpenAIError, from_triton, stream_timeout
+from .api_errors import OpenAIError, stream_timeout
+from .triton_errors import from_triton
 
 HEALTH_TIMEOUT_S = 2.0
 FINAL_FLAG = "triton_final_response"
@@ -83,7 +84,7 @@ def is_final(result) -> bool:
     return bool(parameter.bool_param) if parameter is not None else False
 
 
-class Triton:
+class TritonClient:
     def __init__(self, url: str, stream_timeout_s: float):
         self.client = grpcaio.InferenceServerClient(url)
         self.stream_timeout_s = stream_timeout_s

@@ -1,5 +1,5 @@
-"""An OpenAI completion or chat request -> the inputs of the generation ensemble, whose contract is
-TensorRT-LLM's `ensemble` (README: Interfaces): one Triton request per prompt, every one streamed.
+"""A GenerationRequest -> the inputs of the generation ensemble, whose contract is TensorRT-LLM's
+`ensemble` (README: Interfaces): one Triton request per prompt, every one streamed.
 
 Which inputs a model has is read from the model itself (its config, through Triton): a parameter
 whose input the model lacks is refused naming the parameter and the input, never dropped. Where
@@ -12,15 +12,14 @@ front always sends top_p with a non-zero temperature, and temperature 0 alone fo
 """
 import json
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
-from .errors import invalid, unsupported
-from .prompts import Prompts
-from .schemas import ChatCompletionRequest, CompletionRequest
-from .triton import Contract
+from .api_errors import unsupported
+from .protocol import GenerationRequest
+from .schemas import ResponseFormat, Sampling
+from .triton_client import Contract
 
 OPENAI_TEMPERATURE = OPENAI_TOP_P = 1.0
-COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 UINT64 = 2**64
 # Outputs every request reads; the others only when asked for.
 TEXT_OUTPUTS = ("text_output", "finish_reason", "prompt_tokens", "completion_tokens")
@@ -29,17 +28,13 @@ SEQUENCE_INDEX, LOG_PROBS = "sequence_index", "output_log_probs"
 
 @dataclass
 class Plan:
-    """What to send for one OpenAI request: one Triton request per prompt, the same inputs beside it."""
-    model: str
+    """What to send for one request: one Triton request per prompt, the same inputs beside it."""
     prompts: list[str]
     inputs: dict[str, Any]  # Triton input -> value (a scalar, or a list for a list input)
     params: dict[str, str]  # Triton input -> the OpenAI parameter it came from (for errors)
     outputs: list[str]
     n: int = 1
     logprobs: Optional[int] = None  # None: not asked for; k: with up to k alternatives per token
-    echo: bool = False  # completions: the prompt before the answer
-    stream: bool = False
-    include_usage: bool = False
 
 
 class _Inputs:
@@ -60,7 +55,7 @@ class _Inputs:
                                  f"{' or '.join(repr(n) for n in names)}")
 
 
-def _sampling(request: Union[ChatCompletionRequest, CompletionRequest], inputs: _Inputs) -> None:
+def _sampling(request: Sampling, inputs: _Inputs) -> None:
     temperature = OPENAI_TEMPERATURE if request.temperature is None else request.temperature
     inputs.put("temperature", float(temperature), "temperature")
     if temperature > 0:
@@ -98,31 +93,7 @@ def _outputs(contract: Contract, logprobs: bool) -> list[str]:
     return outputs
 
 
-def chat_plan(request: ChatCompletionRequest, contract: Contract, prompts: Prompts) -> Plan:
-    if not prompts.has_chat_template:
-        raise invalid("messages", f"messages: model '{request.model}' has no chat template; use /v1/completions")
-    prompt = prompts.chat([message.model_dump(exclude_none=True) for message in request.messages])
-    inputs = _Inputs(contract)
-    inputs.put("messages", prompt, "text_input")
-    limit, limit_param = request.completion_limit
-    if limit is None:  # vLLM's default: as many tokens as the context leaves
-        limit = prompts.room(prompt)
-        if limit < 1:
-            raise invalid("messages", f"messages: the prompt leaves no room to generate in the model's context of "
-                                      f"{prompts.context_length} tokens")
-    inputs.put(limit_param, limit, "max_tokens")
-    _sampling(request, inputs)
-    if request.logprobs:
-        _log_probs(inputs, "top_logprobs" if request.top_logprobs else "logprobs", request.top_logprobs or 0)
-    _response_format(request, inputs)
-    include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return Plan(request.model, [inputs.values.pop("text_input")], inputs.values, inputs.params,
-                _outputs(contract, bool(request.logprobs)), n=request.n,
-                logprobs=0 if request.logprobs else None, stream=request.stream, include_usage=include_usage)
-
-
-def _response_format(request: ChatCompletionRequest, inputs: _Inputs) -> None:
-    form = request.response_format
+def _response_format(form: Optional[ResponseFormat], inputs: _Inputs) -> None:
     if form is None or form.type == "text":
         return
     if form.type == "json_object":
@@ -132,20 +103,15 @@ def _response_format(request: ChatCompletionRequest, inputs: _Inputs) -> None:
     inputs.put("response_format", json.dumps(form.json_schema.schema_), "guided_decoding_guide")
 
 
-def completion_plan(request: CompletionRequest, contract: Contract) -> Plan:
-    if not all(isinstance(prompt, str) for prompt in request.prompt):
-        raise unsupported("prompt", "token ids are not supported: the generation ensemble takes text")
-    if request.echo and request.logprobs is not None:
-        raise unsupported("echo", "echo with logprobs would need the prompt's log probs, which the generation "
-                                  "contract does not return")
+def plan(request: GenerationRequest, contract: Contract) -> Plan:
     inputs = _Inputs(contract)
-    inputs.put("prompt", request.prompt[0], "text_input")
-    inputs.put("max_tokens", COMPLETIONS_MAX_TOKENS if request.max_tokens is None else request.max_tokens, "max_tokens")
-    _sampling(request, inputs)
+    inputs.put(request.prompt_param, request.prompts[0], "text_input")
+    inputs.values.pop("text_input")  # each prompt goes in a request of its own
+    if request.max_tokens is not None:
+        inputs.put(request.max_tokens_param, request.max_tokens, "max_tokens")
+    _sampling(request.sampling, inputs)
     if request.logprobs is not None:
-        _log_probs(inputs, "logprobs", request.logprobs)
-    include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    inputs.values.pop("text_input")
-    return Plan(request.model, list(request.prompt), inputs.values, inputs.params,
-                _outputs(contract, request.logprobs is not None), n=request.n, logprobs=request.logprobs,
-                echo=request.echo, stream=request.stream, include_usage=include_usage)
+        _log_probs(inputs, request.logprobs_param, request.logprobs)
+    _response_format(request.response_format, inputs)
+    return Plan(list(request.prompts), inputs.values, inputs.params, _outputs(contract, request.logprobs is not None),
+                n=request.sampling.n, logprobs=request.logprobs)
