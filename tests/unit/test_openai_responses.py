@@ -11,6 +11,7 @@ import pytest
 
 from tritonfront.openai import schemas, streaming
 from tritonfront.openai.api_errors import OpenAIError
+from tritonfront.openai.metrics import FrontMetrics
 from tritonfront.openai.serving_chat import ChatServing
 from tritonfront.openai.serving_completions import CompletionServing
 from tritonfront.openai.triton_backend import TritonBackend
@@ -72,8 +73,9 @@ class FakeTriton:
 class Words:
     """Prompts' stand-in: a chat prompt is the last message's text; one log-prob token per response."""
     has_chat_template = True
+    template_takes_tools = False
 
-    def chat(self, messages):
+    def chat(self, messages, tools=None):
         return messages[-1]["content"]
 
     def token_texts(self, text, count):
@@ -83,13 +85,13 @@ class Words:
 def chat(triton, **fields) -> ChatServing:
     body = {"model": "generate", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0,
             **fields}
-    return ChatServing(TritonBackend(triton, Words(), None), Words()), \
+    return ChatServing(TritonBackend(triton, Words(), None), Words(), FrontMetrics()), \
         schemas.parse(schemas.ChatCompletionRequest, json.dumps(body).encode())
 
 
 def completion(triton, prompts, **fields):
     body = {"model": "generate", "prompt": prompts, "max_tokens": 8, "temperature": 0, **fields}
-    return CompletionServing(TritonBackend(triton, Words(), None)), \
+    return CompletionServing(TritonBackend(triton, Words(), None), FrontMetrics()), \
         schemas.parse(schemas.CompletionRequest, json.dumps(body).encode())
 
 

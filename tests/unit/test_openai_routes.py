@@ -60,9 +60,10 @@ class FakeBackend:
 class Prompts:
     """The LLM tokenizer's stand-in: a chat prompt is its messages joined; one token per character."""
     has_chat_template = True
+    template_takes_tools = False
     context_length = 100
 
-    def chat(self, messages):
+    def chat(self, messages, tools=None):
         return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
 
     def room(self, prompt):
@@ -113,7 +114,9 @@ def test_a_completion_defaults_to_16_tokens_and_streams_chunks_then_done(answeri
     client, backend = answering
     with client.stream("POST", "/v1/completions", json={"model": "generate", "prompt": "Once", "stream": True}) as reply:
         assert reply.headers["content-type"] == "text/event-stream; charset=utf-8"
-        events = [line[6:] for line in reply.iter_lines() if line]
+        lines = [line for line in reply.iter_lines() if line]
+    assert lines[0] == ": stream opened"  # an SSE comment: headers and bytes at once, before any token
+    events = [line[6:] for line in lines if not line.startswith(":")]
     assert events[-1] == "[DONE]"
     chunk = json.loads(events[0])
     assert chunk["object"] == "text_completion" and chunk["choices"] == [
@@ -226,7 +229,8 @@ def test_an_error_after_the_first_event_is_an_error_event_without_done():
     client = serve(FakeBackend({CHAT_PROMPT: [delta("a"), quiet]}), {**CHAT, "stream": True})
     assert client.status == 200
     body = client.body.decode()
-    assert body.startswith('data: {"id":"chatcmpl-') and '"code":"stream_timeout"' in body and "[DONE]" not in body
+    assert body.startswith(': stream opened\n\ndata: {"id":"chatcmpl-') and '"code":"stream_timeout"' in body
+    assert "[DONE]" not in body
     assert body.count("data: ") == 2
 
 
@@ -256,4 +260,4 @@ def test_a_client_that_leaves_stops_the_work_at_once(streamed, first):
     if first:
         assert client.sent == []  # nothing is sent to a client that left
     else:
-        assert client.status == 200 and client.body.startswith(b"data: ")
+        assert client.status == 200 and client.body.startswith(b": stream opened\n\ndata: ")

@@ -7,7 +7,7 @@ import pytest
 import xgrammar
 
 from tritonfront.openai import tools
-from tritonfront.openai.errors import OpenAIError
+from tritonfront.openai.api_errors import OpenAIError
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",

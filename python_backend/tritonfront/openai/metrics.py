@@ -11,7 +11,7 @@ Each metric is declared once in METRICS; README's table of the front's metrics i
 """
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import AsyncIterator, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -116,6 +116,24 @@ class GenerationMetrics:
         if previous is not None:
             for _ in range(new):
                 self._itl.observe((now - previous) / new)
+
+    async def observe(self, deltas: AsyncIterator) -> AsyncIterator:
+        """The backend's deltas (protocol.TextDelta) passed on, observed; the request counts as
+        finished when they end (not when they fail or the client leaves)."""
+        prompt_tokens: dict[int, int] = {}
+        completion_tokens: dict[int, int] = {}
+        reasons: dict[int, str] = {}
+        try:
+            async for delta in deltas:
+                self.response(delta.choice, delta.completion_tokens)
+                prompt_tokens[delta.prompt] = delta.prompt_tokens
+                completion_tokens[delta.choice] = max(completion_tokens.get(delta.choice, 0), delta.completion_tokens)
+                if delta.finish_reason:
+                    reasons[delta.choice] = delta.finish_reason
+                yield delta
+        finally:
+            await deltas.aclose()
+        self.finished(sum(prompt_tokens.values()), sum(completion_tokens.values()), list(reasons.values()))
 
     def finished(self, prompt_tokens: int, completion_tokens: int, finish_reasons: list[Optional[str]]) -> None:
         self._e2e.observe(self.clock() - self.start)

@@ -1,4 +1,5 @@
-"""The routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings and /health, each
+"""The routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings, /health and the
+front's Prometheus metrics at /metrics (metrics), each
 a request body read and parsed, its model checked against the endpoint, and the serving module's
 answer sent whole or streamed.
 
@@ -18,6 +19,7 @@ from starlette.routing import Route
 from . import schemas
 from .api_errors import OpenAIError, invalid, model_not_found
 from .config import FrontConfig
+from .metrics import CountResponses, FrontMetrics
 from .prompts import Prompts
 from .protocol import Backend
 from .serving_chat import ChatServing
@@ -36,13 +38,14 @@ class Router:
     def __init__(self, config: FrontConfig, open_backend: Callable[[], AsyncContextManager[Backend]],
                  prompts: Optional[Prompts]):
         self.config, self.open_backend, self.prompts = config, open_backend, prompts
+        self.metrics = FrontMetrics()
 
     @contextlib.asynccontextmanager
     async def serving(self, app):
         async with self.open_backend() as backend:
             self.models = ModelServing(backend, self.config)
-            self.chat = ChatServing(backend, self.prompts)
-            self.completion = CompletionServing(backend)
+            self.chat = ChatServing(backend, self.prompts, self.metrics)
+            self.completion = CompletionServing(backend, self.metrics)
             self.embedding = EmbeddingServing(backend)
             yield
 
@@ -81,6 +84,10 @@ class Router:
         except OpenAIError as error:
             return error_response(error)
 
+    async def prometheus(self, request: Request) -> Response:
+        body, content_type = self.metrics.exposition()
+        return Response(body, headers={"content-type": content_type})
+
     async def health(self, request: Request) -> Response:
         try:
             return model_response(await self.models.health())
@@ -93,7 +100,7 @@ class Router:
         except OpenAIError as error:
             return error_response(error)
         if parsed.stream:
-            return await open_stream(request, self.completion.stream(parsed))
+            return await open_stream(request, self.completion.stream(parsed), self.config.sse_keep_alive)
         return await answer(request, self.completion.whole(parsed))
 
     async def chat_completions(self, request: Request) -> Response:
@@ -102,7 +109,7 @@ class Router:
         except OpenAIError as error:
             return error_response(error)
         if parsed.stream:
-            return await open_stream(request, self.chat.stream(parsed))
+            return await open_stream(request, self.chat.stream(parsed), self.config.sse_keep_alive)
         return await answer(request, self.chat.whole(parsed))
 
     async def embeddings(self, request: Request) -> Response:
@@ -127,14 +134,17 @@ async def _unexpected(request: Request, error: Exception) -> Response:
     return error_response(error)
 
 
-def build(router: Router) -> Starlette:
+def build(router: Router) -> CountResponses:
+    """The app, every answer counted by route and status (FrontMetrics)."""
     routes = [
         Route("/health", router.health, methods=["GET"]),
+        Route("/metrics", router.prometheus, methods=["GET"]),
         Route("/v1/models", router.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", router.model, methods=["GET"]),
         Route("/v1/completions", router.completions, methods=["POST"]),
         Route("/v1/chat/completions", router.chat_completions, methods=["POST"]),
         Route("/v1/embeddings", router.embeddings, methods=["POST"]),
     ]
-    return Starlette(routes=routes, lifespan=router.serving,
-                     exception_handlers={HTTPException: _http_error, Exception: _unexpected})
+    app = Starlette(routes=routes, lifespan=router.serving,
+                    exception_handlers={HTTPException: _http_error, Exception: _unexpected})
+    return CountResponses(app, router.metrics, routes)

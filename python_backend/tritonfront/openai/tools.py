@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from ..engines.guided import _client_message
-from .errors import invalid
+from .api_errors import invalid
 
 DEFAULT_TOOL_PROMPT = """You may call one or more functions to answer the user. The functions are \
 described inside <tools></tools> as JSON schemas:

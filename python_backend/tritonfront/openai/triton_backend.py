@@ -24,7 +24,9 @@ import numpy as np
 
 from ..errors import InvalidInput
 from ..tokenization import BatchTokenizer, TextRequest
+from . import logprobs
 from .api_errors import invalid, unsupported
+from .logprobs import Token
 from .config import FrontConfig
 from .prompts import Prompts
 from .protocol import Embeddings, GenerationRequest, TextDelta
@@ -99,12 +101,22 @@ class TritonBackend:
             text = output(result, "text_output", "")
             tokens = None
             if triton_plan.logprobs is not None:
-                array = result.as_numpy(LOG_PROBS)
-                log_probs = [] if array is None else array.reshape(-1).tolist()
-                tokens = list(zip(self.prompts.token_texts(text, len(log_probs)), log_probs)) if log_probs else []
+                tokens = self._tokens(result, text)
             yield TextDelta(index * triton_plan.n + sequence, index, text, output(result, "finish_reason", "") or None,
                             int(output(result, "prompt_tokens", 0)), int(output(result, "completion_tokens", 0)),
                             tokens)
+
+    def _tokens(self, result, text: str) -> list[Token]:
+        """A response's tokens: from the per-token outputs (tritonfront's extension), or, from a
+        model without them, its text cut into tokens by the front's tokenizer (Prompts.token_texts)."""
+        log_probs = result.as_numpy(LOG_PROBS)
+        if log_probs is None or log_probs.size == 0:
+            return []
+        texts = result.as_numpy(logprobs.TOKEN_TEXTS)
+        if texts is None:
+            texts = [piece.encode() for piece in self.prompts.token_texts(text, log_probs.size)]
+        return logprobs.tokens(log_probs, np.asarray(texts, dtype=object), result.as_numpy(logprobs.TOP_LOG_PROBS),
+                               result.as_numpy(logprobs.TOP_TEXTS))
 
     async def embed(self, model: str, inputs: Union[Sequence[str], Sequence[Sequence[int]]],
                     dimensions: Optional[int]) -> Embeddings:
