@@ -11,7 +11,7 @@ from typing import Iterable, Optional
 from .paths import BASELINES, ENSEMBLES, MODEL_REPOSITORY, ROOT
 
 GENERATE_MODELS = ("llm_tokenizer", "llm", "detokenizer", "generate")
-EMBED_MODELS = ("tokenizer", "encoder", "pooler", "embed", "embed_tokens")
+EMBED_MODELS = ("tokenizer", "encoder", "pooler", "embed", "embed_tokens", "embed_ids")
 ALL_MODELS = ("tokenizer", "encoder", "pooler", "embed", "llm_tokenizer", "llm", "detokenizer", "generate")
 
 

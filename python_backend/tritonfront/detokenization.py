@@ -36,6 +36,12 @@ special tokens (they decode to nothing) in the window; spacing stays right even 
 nothing but special tokens, thanks to the anchor. The context must be the ids right before
 output_ids[0] in the completion, i.e. those the stream already sent.
 
+On request the detokenizer also gives each generated token's share of the text's UTF-8 bytes,
+and that of each top alternative had it been generated there (StreamDetokenizer.token_shares):
+the emitted text of a one-token chunk, computed from the same window, with a cut character's
+bytes given to the tokens that hold them, so shares are bytes-level as OpenAI's `bytes` are, and
+independent of how the stream is chunked.
+
 With valid UTF-8 output the concatenation is exact for byte-level BPE (GPT-2/SmolLM2),
 SentencePiece/Metaspace with byte fallback and WordPiece. Invalid bytes from the model show as
 U+FFFD once they can no longer be completed; with ByteFallback, text already emitted before an
@@ -44,7 +50,7 @@ decode (which turns the whole run into U+FFFD).
 """
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -52,7 +58,7 @@ import numpy as np
 
 from .errors import InvalidInput
 from .inputs import Inputs, required
-from .trtllm_contract import ALWAYS_PASSED, REQUESTED_PASSED
+from .trtllm_contract import ALWAYS_PASSED, REQUESTED_PASSED, TOKEN_TEXTS_FLAG, TOP_LOG_PROB_OUTPUTS
 
 DETOKENIZER_WINDOW = 8
 
@@ -73,7 +79,7 @@ class Chunk:
 # Inputs of a chunk that the `detokenizer` passes on to the client unchanged: always there, and
 # there when the llm sends them.
 PASSED_THROUGH = ("finish_reason", "prompt_tokens", "completion_tokens")
-OPTIONALLY_PASSED = (*ALWAYS_PASSED, *REQUESTED_PASSED)
+OPTIONALLY_PASSED = (*ALWAYS_PASSED, *REQUESTED_PASSED, *TOP_LOG_PROB_OUTPUTS)
 
 
 @dataclass
@@ -83,6 +89,9 @@ class DetokenizeRequest:
     chunks: list[Chunk]
     passed_through: dict[str, np.ndarray]  # PASSED_THROUGH inputs ([rows, 1] each) and the OPTIONALLY_PASSED present
     delivery: Optional[np.ndarray]  # [rows, 4] the llm's stamps, to acknowledge once decoded
+    heads: list[int] = field(default_factory=list)  # per row: the echoed prompt ids at the start of output_ids
+    token_texts: bool = False  # add output_token_texts
+    top_ids: Optional[np.ndarray] = None  # [rows, 1, tokens, k] alternatives whose texts to add
 
     @classmethod
     def parse(cls, inputs: Inputs) -> "DetokenizeRequest":
@@ -99,7 +108,9 @@ class DetokenizeRequest:
         heads = [row.tolist() for row in echo_ids] if echo_ids is not None else [[]] * rows
         chunks = [Chunk(context.tolist(), head + output.tolist(), bool(final))
                   for context, output, final, head in zip(context_ids, output_ids, is_final, heads)]
-        return cls(chunks, passed_through, inputs.get("delivery"))
+        flag = inputs.get(TOKEN_TEXTS_FLAG)
+        return cls(chunks, passed_through, inputs.get("delivery"), [len(head) for head in heads],
+                   flag is not None and bool(flag.any()), inputs.get("output_top_ids"))
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -312,6 +323,86 @@ class StreamDetokenizer:
             texts.append(full[cut:])
         return texts
 
+    def _tail(self, ids: Sequence[int]) -> bytes:
+        """The bytes of an unfinished character at the end of these ids' decode (b"" when none)."""
+        pieces = [self._bytes[i] for i in ids if i not in self._special]
+        held = _incomplete_tail(pieces)
+        return b"".join(pieces[-(_MAX_CONTINUATION + 1):])[-held:] if held else b""
+
+    def token_shares(self, contexts: Sequence[Sequence[int]], tokens: Sequence[int]) -> list[bytes]:
+        """Each token's share of the UTF-8 bytes of the text when it follows its context (the
+        completion's ids right before it; the last DETOKENIZER_WINDOW are read), with one batched
+        decode for all.
+
+        A share is the emitted text the token adds (as `detokenize` computes it, a chunk of one
+        token that is not final), plus the bytes of a character it leaves unfinished, minus those
+        of the character its context left unfinished, which earlier shares hold. So a token that
+        splits a character holds its own part of that character's bytes, shares do not depend on
+        how a stream is cut into chunks, and joined over a completion they are its text's bytes
+        (an incomplete character at the end: its raw bytes, which decode with errors="replace"
+        to the U+FFFD the text shows). A special token's share is empty."""
+        chunks = [Chunk(list(context[len(context) - self.window:] if len(context) > self.window else context),
+                        [int(token)], False) for context, token in zip(contexts, tokens)]
+        texts = self.detokenize(chunks)
+        if self._bytes is None:  # every token is whole characters
+            return [text.encode("utf-8") for text in texts]
+        shares = []
+        for chunk, text in zip(chunks, texts):
+            before, after = self._tail(chunk.context_ids), self._tail(chunk.context_ids + chunk.output_ids)
+            full = text.encode("utf-8") + after
+            if full.startswith(before):
+                shares.append(full[len(before):])
+            elif before and text.startswith("\ufffd"):
+                # The context's character can no longer complete: its bytes (earlier shares) are
+                # what shows as that U+FFFD.
+                shares.append(text[1:].encode("utf-8") + after)
+            else:
+                shares.append(full)
+        return shares
+
+    def per_token_outputs(self, request: "DetokenizeRequest") -> dict[str, np.ndarray]:
+        """output_token_texts ([rows, 1, tokens]) and output_top_texts ([rows, 1, tokens, k]) as the
+        request asks: the shares of its generated tokens and of their alternatives (the echoed
+        prompt ids at the start of a row are context, not tokens of their own)."""
+        if not request.token_texts and request.top_ids is None:
+            return {}
+        rows = len(request.chunks)
+        generated = [chunk.output_ids[head:] for chunk, head in zip(request.chunks, request.heads)]
+        longest = max((len(ids) for ids in generated), default=0)
+        if request.top_ids is not None:
+            top = request.top_ids
+            if top.ndim != 4 or top.shape[:3] != (rows, 1, longest):
+                raise InvalidInput("output_top_ids", f"shape {list(top.shape)} must be [{rows}, 1, {longest}, k]: "
+                                                     "k alternatives per generated token")
+            self.check_ids(top[top >= 0], "output_top_ids")
+        contexts, tokens, places = [], [], []
+        for r, (chunk, head, ids) in enumerate(zip(request.chunks, request.heads, generated)):
+            before = list(chunk.context_ids) + list(chunk.output_ids[:head])
+            for i, token in enumerate(ids):
+                context = (before + ids[:i])[-self.window:]
+                if request.token_texts:
+                    contexts.append(context)
+                    tokens.append(token)
+                    places.append((r, i, None))
+                if request.top_ids is not None:
+                    for j, alternative in enumerate(request.top_ids[r, 0, i].tolist()):
+                        if alternative >= 0:  # -1: padding where the engine gave fewer
+                            contexts.append(context)
+                            tokens.append(alternative)
+                            places.append((r, i, j))
+        shares = self.token_shares(contexts, tokens) if tokens else []
+        outputs = {}
+        if request.token_texts:
+            outputs["output_token_texts"] = np.full((rows, 1, longest), b"", dtype=np.object_)
+        if request.top_ids is not None:
+            outputs["output_top_texts"] = np.full(request.top_ids.shape, b"", dtype=np.object_)
+        for (r, i, j), share in zip(places, shares):
+            if j is None:
+                outputs["output_token_texts"][r, 0, i] = share
+            else:
+                outputs["output_top_texts"][r, 0, i, j] = share
+        return outputs
+
     def detokenize_requests(self, requests: Sequence[Sequence[Chunk]]) -> list:
         """Per request (a list of chunks), its texts or the InvalidInput it earned; one decode
         call for every chunk of every valid request."""
@@ -343,10 +434,15 @@ class StreamDetokenizer:
             if isinstance(texts, Exception):
                 outputs.append(texts)
                 continue
+            try:
+                per_token = self.per_token_outputs(request)
+            except InvalidInput as error:
+                outputs.append(error)
+                continue
             if request.delivery is not None:
                 acknowledge(request.delivery)
             # One string per row without a further dimension, as TensorRT-LLM's postprocessing
             # sends text_output (its clients read output[0]).
             outputs.append({"text_output": np.array([text.encode("utf-8") for text in texts], dtype=np.object_),
-                            **request.passed_through})
+                            **request.passed_through, **per_token})
         return outputs

@@ -67,9 +67,13 @@ def transformer_subfolder(model_dir: Path) -> Path:
 
 class RaggedEncoder:
     def __init__(self, model: torch.nn.Module, device: str = "cpu", max_batch_tokens: int = 8192,
-                 max_batch_sequences: int = 64):
+                 max_batch_sequences: int = 64, max_length: int = 0):
+        """`max_length`: the most ids one sequence may have (0: the model's position limit); the
+        `encoder` model passes the limit its tokenizer truncates texts to, so ids sent directly
+        (`embed_ids`) meet the same bound as texts."""
         self.model = model.eval().to(device)
         self.device = device
+        self.max_length = max_length or int(model.config.max_position_embeddings)
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_sequences = max_batch_sequences
 
@@ -86,9 +90,13 @@ class RaggedEncoder:
 
     def split_sequences(self, ids: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
         """Rows of a padded id matrix cut to their lengths, with ids checked against the
-        vocabulary (an out-of-range id would fail deep inside the embedding lookup)."""
+        vocabulary and lengths against max_length (either would otherwise fail deep inside the
+        model, failing every request of the batch)."""
         sequences = unpad(ids, lengths)
         for i, seq in enumerate(sequences):
+            if len(seq) > self.max_length:
+                raise InvalidInput(f"input_ids[{i}]", f"{len(seq)} token ids is over the model limit of "
+                                                      f"{self.max_length}")
             if seq.min() < 0 or seq.max() >= self.vocab_size:
                 raise InvalidInput(f"input_ids[{i}]", f"token ids must be in 0..{self.vocab_size - 1}")
         return sequences

@@ -13,7 +13,8 @@ cancelled.
 It also adds to each chunk what the request asked for beside text (trtllm_contract): the prompt's
 ids for a whole answer that includes its prompt (the detokenizer decodes them with the answer, as
 TensorRT-LLM's postprocessing decodes output_ids that start with the prompt), log probs, token
-counts and timings.
+counts and timings; and for tritonfront's extension the top alternatives per token and the flag
+that asks the detokenizer for per-token texts.
 """
 import math
 import threading
@@ -25,7 +26,7 @@ import numpy as np
 
 from .generation import Chunk, GenerationLoop, Responder
 from .generation_request import GenerationRequest
-from .trtllm_contract import PERF_METRIC_OUTPUTS, UNMEASURED_PERF_METRICS, spec
+from .trtllm_contract import PERF_METRIC_OUTPUTS, TOKEN_TEXTS_FLAG, UNMEASURED_PERF_METRICS, spec
 
 _NUMPY = {"TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_FP32": np.float32}
 
@@ -121,6 +122,10 @@ def chunk_outputs(handle: SequenceHandle, chunk: Chunk) -> dict[str, np.ndarray]
         handle.cum_log_prob += math.fsum(chunk.log_probs)
         outputs["cum_log_probs"] = _column("cum_log_probs", handle.cum_log_prob)
         outputs["output_log_probs"] = np.array(chunk.log_probs, dtype=np.float32).reshape(1, 1, -1)
+    if options.top_logprobs:
+        outputs.update(top_log_prob_outputs(chunk.top_log_probs, options.top_logprobs))
+    if options.token_texts:
+        outputs[TOKEN_TEXTS_FLAG] = np.array([[True]], dtype=bool)
     if options.num_input_tokens:
         outputs["num_input_tokens"] = _column("num_input_tokens", chunk.prompt_tokens)
     if options.num_output_tokens:
@@ -131,3 +136,14 @@ def chunk_outputs(handle: SequenceHandle, chunk: Chunk) -> dict[str, np.ndarray]
         for name in PERF_METRIC_OUTPUTS:
             outputs[name] = _column(name, 0 if name in UNMEASURED_PERF_METRICS else measured[name])
     return outputs
+
+
+def top_log_prob_outputs(per_token: Sequence[Sequence[tuple[int, float]]], k: int) -> dict[str, np.ndarray]:
+    """output_top_ids and output_top_log_probs, [1, 1, tokens, k]; a token with fewer than k
+    alternatives from its engine is padded with id -1 and log prob -inf (probability 0)."""
+    ids = np.full((1, 1, len(per_token), k), -1, dtype=np.int32)
+    log_probs = np.full((1, 1, len(per_token), k), -np.inf, dtype=np.float32)
+    for i, top in enumerate(per_token):
+        for j, (token, log_prob) in enumerate(top[:k]):
+            ids[0, 0, i, j], log_probs[0, 0, i, j] = token, log_prob
+    return {"output_top_ids": ids, "output_top_log_probs": log_probs}

@@ -47,6 +47,9 @@ class Chunk:
     completion_tokens: int  # ids sent so far, this chunk included
     delivery: tuple[int, int, int, int] = (0, 0, NO_SLOT, 0)  # DeliveryTracker.stamp()
     log_probs: list[float] = field(default_factory=list)  # one per output id; NaN where the engine gave none
+    # One per output id when the request asked for top_logprobs: (token id, log prob) pairs, most
+    # likely first; empty where the engine gave none.
+    top_log_probs: list[Sequence[tuple[int, float]]] = field(default_factory=list)
     first_token_ns: int = 0  # time.time_ns() when the request's first token came from the engine; 0: none yet
     last_token_ns: int = 0  # ... and its latest
 
@@ -80,9 +83,10 @@ class Completion:
         self._pending: list[int] = []
         self._recent: list[int] = []
         self._sent = 0
-        # Log probs travel with their ids: through the stop matcher's hold-back, out with the chunk.
-        self._pending_log_probs: list[float] = []
-        self._held_log_probs: list[float] = []
+        # Log probs (with the top alternatives) travel with their ids: through the stop matcher's
+        # hold-back, out with the chunk; one (log prob, alternatives) pair per id.
+        self._pending_log_probs: list[tuple[float, Sequence]] = []
+        self._held_log_probs: list[tuple[float, Sequence]] = []
         self.first_token_ns = self.last_token_ns = 0
 
     @property
@@ -91,16 +95,19 @@ class Completion:
 
     def on_tokens(self, token_ids: Sequence[int], engine_finished: bool = False,
                   engine_reason: Optional[str] = None, hold: bool = False,
-                  log_probs: Optional[Sequence[float]] = None) -> list[Chunk]:
+                  log_probs: Optional[Sequence[float]] = None,
+                  top_log_probs: Optional[Sequence[Sequence[tuple[int, float]]]] = None) -> list[Chunk]:
         """The chunks these new ids complete: the final one when the request ends, otherwise a
         streamed one every stream_interval ids unless `hold` (the ids then wait for `release`).
-        `log_probs`, one per id where the engine gives them, travel with their ids."""
+        `log_probs` and `top_log_probs`, one per id where the engine gives them, travel with their ids."""
         if token_ids:
             self.last_token_ns = time.time_ns()
             self.first_token_ns = self.first_token_ns or self.last_token_ns
         if log_probs is None or len(log_probs) != len(token_ids):
             log_probs = [math.nan] * len(token_ids)
-        for token, log_prob in zip(token_ids, log_probs):
+        if top_log_probs is None or len(top_log_probs) != len(token_ids):
+            top_log_probs = [()] * len(token_ids)
+        for token, log_prob, top in zip(token_ids, log_probs, top_log_probs):
             if self.finished:
                 break
             self.generated += 1
@@ -109,7 +116,7 @@ class Completion:
                 break
             released, matched = self._matcher.push(int(token))
             self._pending.extend(released)
-            held = self._held_log_probs + [float(log_prob)]
+            held = self._held_log_probs + [(float(log_prob), top)]
             self._pending_log_probs.extend(held[:len(released)])
             self._held_log_probs = held[len(released):] if not matched else []
             if matched:
@@ -145,12 +152,13 @@ class Completion:
 
     def _chunk(self, final: bool) -> Chunk:
         ids, self._pending = self._pending, []
-        log_probs, self._pending_log_probs = self._pending_log_probs, []
+        scores, self._pending_log_probs = self._pending_log_probs, []
         context = self._recent[-self.context_window:] if self.context_window else []
         self._recent = (self._recent + ids)[-self.context_window:] if self.context_window else []
         self._sent += len(ids)
         return Chunk(ids, context, final, self.finish_reason if final else "", self.prompt_tokens, self._sent,
-                     log_probs=log_probs, first_token_ns=self.first_token_ns, last_token_ns=self.last_token_ns)
+                     log_probs=[log_prob for log_prob, _ in scores], top_log_probs=[top for _, top in scores],
+                     first_token_ns=self.first_token_ns, last_token_ns=self.last_token_ns)
 
 
 class Responder(Protocol):
@@ -280,7 +288,7 @@ class GenerationLoop:
             return
         chunks = live.completion.on_tokens(output.token_ids, output.finished, output.finish_reason,
                                            hold=self._awaiting_acknowledgement(output.request_id),
-                                           log_probs=output.log_probs)
+                                           log_probs=output.log_probs, top_log_probs=output.top_log_probs)
         if live.completion.finished:
             # A stop sequence ends the request before the engine would have.
             self._retire(output.request_id, cancel_engine=not output.finished)

@@ -29,6 +29,8 @@ class ResponseOptions:
 
     exclude_input: bool = False  # False: a whole (non-streamed) answer's text starts with its prompt
     log_probs: bool = False
+    top_logprobs: int = 0  # alternatives per token (tritonfront's extension); > 0 implies log_probs
+    token_texts: bool = False  # the detokenizer adds each token's share of the text
     perf_metrics: bool = False
     num_input_tokens: bool = False
     num_output_tokens: bool = False
@@ -141,6 +143,7 @@ def _sampling(inputs: Inputs, row: int, rows: int) -> dict:
         presence_penalty=float(row_scalar(inputs, "presence_penalty", row, rows, 0.0)),
         frequency_penalty=float(row_scalar(inputs, "frequency_penalty", row, rows, 0.0)),
         return_log_probs=bool(row_scalar(inputs, "return_log_probs", row, rows, False)),
+        top_logprobs=int(row_scalar(inputs, "top_logprobs", row, rows, 0)),
     )
 
 
@@ -194,7 +197,9 @@ def _parse_prompt(inputs: Inputs, row: int, rows: int, vocab_size: int, context_
         raise min_tokens_limit
     options = ResponseOptions(
         exclude_input=bool(row_scalar(inputs, "exclude_input_in_output", row, rows, exclude_input_default)),
-        log_probs=bool(row_scalar(inputs, "return_log_probs", row, rows, False)),
+        log_probs=params.wants_log_probs,
+        top_logprobs=params.top_logprobs,
+        token_texts=bool(row_scalar(inputs, "return_token_texts", row, rows, False)),
         perf_metrics=bool(row_scalar(inputs, "return_perf_metrics", row, rows, False)),
         num_input_tokens=bool(row_scalar(inputs, "return_num_input_tokens", row, rows, False)),
         num_output_tokens=bool(row_scalar(inputs, "return_num_output_tokens", row, rows, False)))

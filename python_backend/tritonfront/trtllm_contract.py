@@ -76,6 +76,11 @@ EXTRA_INPUTS = _inputs(
     ("random_seed", "TYPE_UINT64", (1,)),
     ("min_length", "TYPE_INT32", (1,)),
     ("apply_chat_template", "TYPE_BOOL", (1,)),
+    # tritonfront's extension for OpenAI-style log probs; TensorRT-LLM's clients never send them.
+    # top_logprobs: 0..MAX_TOP_LOGPROBS alternatives per generated token (> 0 also turns the log
+    # prob outputs on); return_token_texts: each generated token's share of the text.
+    ("top_logprobs", "TYPE_INT32", (1,)),
+    ("return_token_texts", "TYPE_BOOL", (1,)),
 )
 # An older name and the current one mean the same; a request may send either, or both if equal.
 ALIASES = {"random_seed": "seed", "min_length": "min_tokens"}
@@ -108,6 +113,14 @@ EXTRA_OUTPUTS = _outputs(
     ("finish_reason", "TYPE_STRING", (1,)),
     ("prompt_tokens", "TYPE_INT32", (1,)),
     ("completion_tokens", "TYPE_INT32", (1,)),
+    # Per generated token, shaped as output_log_probs ([1, 1, tokens]) with the alternatives last:
+    # the token's share of the UTF-8 bytes of the text (return_token_texts; not valid UTF-8 alone
+    # where a token splits a character), and the top_logprobs most likely tokens of the distribution
+    # output_log_probs comes from, most likely first, with their log probs and bytes.
+    ("output_token_texts", "TYPE_STRING", (-1, -1)),
+    ("output_top_ids", "TYPE_INT32", (-1, -1, -1)),
+    ("output_top_log_probs", "TYPE_FP32", (-1, -1, -1)),
+    ("output_top_texts", "TYPE_STRING", (-1, -1, -1)),
 )
 
 # Outputs the llm adds to a chunk for the detokenizer to pass on to the client unchanged:
@@ -118,6 +131,10 @@ PERF_METRIC_OUTPUTS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "k
                        "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
                        "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
 REQUESTED_PASSED = (*LOG_PROB_OUTPUTS, *PERF_METRIC_OUTPUTS, "num_input_tokens", "num_output_tokens")
+# ... and of tritonfront's extension (top_logprobs > 0).
+TOP_LOG_PROB_OUTPUTS = ("output_top_ids", "output_top_log_probs")
+# The llm's flag to the detokenizer that a sequence's responses carry output_token_texts.
+TOKEN_TEXTS_FLAG = "return_token_texts"
 # Perf metrics no engine here measures: sent as 0. first_scheduled_time_ns: neither engine adapter
 # sees when its engine first schedules a request; kv_cache_*: neither reports per-request blocks or
 # prefix-cache hits (0 is not a claim that no block was reused); speculative decoding is not used,

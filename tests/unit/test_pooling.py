@@ -215,6 +215,17 @@ def test_library_pipeline_equals_sentence_transformers_encode(dense_model_dir):
     np.testing.assert_allclose(ours, expected, atol=2e-5)
 
 
+def test_the_encoder_refuses_id_lists_over_its_limit_naming_the_row(dense_model_dir):
+    """embed_ids hands the encoder ids no tokenizer truncated: a list over the limit is the client's
+    error, not a failure deep in the model that would fail every request of the batch."""
+    encoder = RaggedEncoder.from_folder(dense_model_dir, max_length=8)
+    ids = np.array([[101, 7592, 102] + [0] * 6, [101] + [7592] * 7 + [102]], dtype=np.int32)
+    with pytest.raises(InvalidInput, match=r"^input_ids\[1\]: 9 token ids is over the model limit of 8$"):
+        encoder.split_sequences(ids, np.array([[3], [9]], dtype=np.int32))
+    assert [len(seq) for seq in encoder.split_sequences(ids, np.array([[3], [8]], dtype=np.int32))] == [3, 8]
+    assert RaggedEncoder.from_folder(dense_model_dir).max_length == encoder.model.config.max_position_embeddings
+
+
 def write_head(folder, modules):
     """A modules.json with a Transformer entry and the given (kind, module) after it; the head
     reads only the modules after the Transformer."""

@@ -4,6 +4,7 @@ import triton_glue
 from tritonfront import devices, model_sources
 from tritonfront.core_sharing import CoreShare
 from tritonfront.encoding import BatchMetrics, RaggedEncoder
+from tritonfront.tokenization import max_sequence_length
 
 
 class TritonPythonModel:
@@ -11,8 +12,9 @@ class TritonPythonModel:
         config = triton_glue.load_config(args, "encoder")
         cores = config.num_threads or os.cpu_count() or 1
         device = devices.configure_torch(args, cores)
-        self.encoder = RaggedEncoder.from_folder(model_sources.model_dir(config.model_source), device=device,
-                                                 max_batch_tokens=config.max_batch_tokens)
+        model_dir = model_sources.model_dir(config.model_source)
+        self.encoder = RaggedEncoder.from_folder(model_dir, device=device, max_batch_tokens=config.max_batch_tokens,
+                                                 max_length=max_sequence_length(model_dir, None))
         self.cores = None
         if device == "cpu" and config.threads == "share":
             index, instances = devices.instance_rank(args)

@@ -69,7 +69,7 @@ class TritonPythonModel:
         sequences = parse_batch(triton_glue.inputs(request), self.engine.vocab_size, self.engine.context_length,
                                 self.config.exclude_input_in_output == "true")
         for sequence in sequences:
-            self.engine.check_params(sequence.params)
+            self.engine.check_request(sequence.params)
         return sequences
 
     def publish(self, load: Load) -> None:

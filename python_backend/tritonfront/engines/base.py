@@ -173,6 +173,18 @@ class Engine(ABC):
     context_length: int  # prompt + generated tokens one request may reach
     vocab_size: int
     eos_token_ids: frozenset
+    # Whether EngineOutput.top_log_probs comes filled, from the distribution log_probs come from
+    # (the processed one): an engine that sets this has a test against transformers' scores.
+    gives_top_log_probs: bool = False
+
+    def check_request(self, params: SamplingParams) -> None:
+        """Everything this engine cannot honour, as InvalidInput naming the input: what no
+        subclass may let through (top alternatives it does not give), then its own check_params."""
+        if params.top_logprobs and not self.gives_top_log_probs:
+            raise InvalidInput("top_logprobs", f"{params.top_logprobs}: the {type(self).__name__} engine gives no "
+                                               "top alternatives per token; use 0 (return_log_probs still gives the "
+                                               "chosen tokens' log probs)")
+        self.check_params(params)
 
     def check_params(self, params: SamplingParams) -> None:
         """What this engine cannot honour or a guide that does not compile, as InvalidInput naming the

@@ -1,6 +1,7 @@
-"""The per-request features of the transformers engine as pure logic, on made-up request states and
-logits: each step's plan does to its rows what transformers' own processors do, and nothing to the
-other rows."""
+"""The transformers engine's per-request sampling (engines/sampling.py) as pure logic, on made-up
+request states and logits: Gumbel-max draws follow the softmax, top-k and top-p keep what they
+should, and each step's plan does to its rows what transformers' own processors do, and nothing to
+the other rows."""
 import math
 from types import SimpleNamespace
 
@@ -13,7 +14,7 @@ from transformers.generation.logits_process import (
 )
 
 from tritonfront.engines import SamplingParams
-from tritonfront.engines.hf import (
+from tritonfront.engines.sampling import (
     GumbelNoise,
     PerRequestSampling,
     RequestFeatures,
@@ -204,3 +205,28 @@ def test_noise_on_the_remaining_candidates_equals_noise_on_the_whole_row():
     got = GumbelNoise()(scores, packed(keys, torch.int32))
     full = scores + gumbel_noise(torch.tensor(keys, dtype=torch.int64) & 0xFFFFFFFF, 4000)
     assert torch.equal(got[:2], full[:2]) and torch.equal(got[2], scores[2])
+
+
+def test_gumbel_max_draws_follow_the_softmax():
+    logits = torch.tensor([2.0, 1.0, 0.5, -1.0, 0.0])
+    keys = torch.tensor([noise_key(7, position) for position in range(20000)], dtype=torch.int64)
+    draws = torch.argmax(logits + gumbel_noise(keys, len(logits)), dim=-1)
+    frequencies = torch.bincount(draws, minlength=len(logits)).float() / len(keys)
+    expected = torch.softmax(logits, -1)
+    assert torch.allclose(frequencies, expected, atol=0.015), (frequencies, expected)
+    assert torch.equal(gumbel_noise(keys[:3], 5), gumbel_noise(keys[:3], 5))  # a pure function of the key
+
+
+def test_top_k_and_top_p_keep_what_they_should():
+    scores = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
+    kept_k = torch.isfinite(TopK()(scores, packed([2, 0, 9], torch.int32)))
+    assert kept_k.tolist() == [[True, True, False, False], [True] * 4, [True] * 4]
+    kept_p = torch.isfinite(TopP()(scores, packed([0.7, 0.85, 1.0], torch.float32)))
+    assert kept_p.tolist() == [[True, True, False, False], [True, True, True, False], [True] * 4]
+
+
+def test_rows_without_a_seed_get_no_noise():
+    scores = torch.randn(2, 50)
+    out = GumbelNoise()(scores, packed([0, as_int32(noise_key(1, 5))], torch.int32))
+    assert torch.equal(out[0], scores[0]) and not torch.equal(out[1], scores[1])
+    assert math.isfinite(out[1].sum().item())
