@@ -73,14 +73,18 @@ def test_forced_calls_always_parse_and_validate(openai_server, tool_choice):
     names = set()
     for prompt, answer in zip(PROMPTS, answers):
         choice = answer.choices[0]
-        assert choice.finish_reason == "tool_calls", (prompt, choice)
+        # parallel calls may run on until max_tokens: the calls completed before the cut come back
+        allowed = ("tool_calls",) if isinstance(tool_choice, dict) else ("tool_calls", "length")
+        assert choice.finish_reason in allowed, (prompt, choice)
         assert choice.message.content is None and choice.message.tool_calls, (prompt, choice.message)
         for tool_call in choice.message.tool_calls:
             check_call(tool_call)
             names.add(tool_call.function.name)
         if isinstance(tool_choice, dict):
             assert [c.function.name for c in choice.message.tool_calls] == ["get_weather"]
-    print(f"{len(answers)} forced calls ({tool_choice}) parsed and validated; functions called: {sorted(names)}")
+    cut = sum(answer.choices[0].finish_reason == "length" for answer in answers)
+    print(f"{len(answers)} forced answers ({tool_choice}) parsed and validated ({cut} cut by max_tokens after "
+          f"complete calls); functions called: {sorted(names)}")
 
 
 def test_parallel_tool_calls_false_gives_one_call(client):
@@ -125,7 +129,7 @@ def test_streamed_tool_call_deltas_join_to_the_whole_answer(client, tool_choice)
         assert [(c["name"], c["arguments"]) for c in streamed["calls"]] == expected
         assert all(c["id"] and c["id"].startswith("call_") for c in streamed["calls"])
         if tool_choice != "auto":
-            assert finish == "tool_calls" and expected
+            assert finish in ("tool_calls", "length") and expected
 
 
 def test_auto_and_none(client):

@@ -220,3 +220,9 @@ def test_required_parses_the_array_and_validates():
     cut = text[:30]
     deltas, reason = run(request("required"), [cut], "length")
     assert reason == "length" and tools.assemble(deltas) == {"role": "assistant", "content": cut}
+    # parallel calls that run on until max_tokens: the ones completed before the cut
+    cut = text + ', {"name": "get_time", "argum'
+    deltas, reason = run(request("required"), chunked(cut, 4), "length")
+    message = tools.assemble(deltas)
+    assert reason == "length" and message["content"] is None
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather", "get_time"]

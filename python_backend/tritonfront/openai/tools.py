@@ -18,7 +18,8 @@ prompt they add, the guide that constrains a forced call, and the model's text t
   function's schema is its parameters (the text is the arguments, streamed as they come); for
   "required" an array of {"name": <one of the tools>, "arguments": <its parameters>} objects (one
   at most without parallel_tool_calls). Only max_tokens can cut a forced call short: its
-  finish_reason is then "length" (a named call's arguments incomplete, a "required" text as content).
+  finish_reason is then "length" (a named call's arguments incomplete; for "required" the calls
+  completed before the cut, each valid, or the text as content when none was).
 - ToolCalls reads one choice's text as it arrives and gives the OpenAI `delta`s to send; the whole
   answer is built from the same deltas (`assemble`), so a streamed answer joined equals the whole.
 """
@@ -256,6 +257,27 @@ def parse_calls(text: str, functions: Sequence[Function]) -> Optional[list[tuple
     return calls or None
 
 
+def _complete_items(text: str) -> list:
+    """The items of a JSON array written as the guide of "required" writes it ("[a, b]"), up to the
+    last complete one: an array cut by max_tokens still gives the calls finished before the cut."""
+    decoder, items = json.JSONDecoder(), []
+    at = text.find("[") + 1
+    if at == 0:
+        return items
+    while True:
+        try:
+            item, end = decoder.raw_decode(text, at)
+        except ValueError:
+            return items
+        items.append(item)
+        rest = text[end:].lstrip()
+        if not rest.startswith(","):
+            return items
+        at = len(text) - len(rest) + 1
+        while at < len(text) and text[at].isspace():
+            at += 1
+
+
 def _partial_open(text: str) -> int:
     """Where `text` ends with the start of an opening tag cut short; len(text) when it does not."""
     for size in range(min(len(CALL_OPEN) - 1, len(text)), 0, -1):
@@ -313,13 +335,8 @@ class ToolCalls:
             return ([{"content": rest}] if rest else []), finish_reason
         calls = None
         if self.tools.choice == "required":
-            try:
-                value = json.loads(self.text)
-            except ValueError:
-                value = None
-            if isinstance(value, list):
-                calls = [c for c in (_call(item.get("name"), item.get("arguments")) for item in value
-                                     if isinstance(item, dict)) if c] or None
+            calls = [c for c in (_call(item.get("name"), item.get("arguments")) for item in _complete_items(self.text)
+                                 if isinstance(item, dict)) if c] or None
         else:
             calls = parse_calls(rest, self.tools.functions)
             if calls and not self.tools.parallel:
