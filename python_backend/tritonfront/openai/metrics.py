@@ -162,15 +162,18 @@ class CountResponses:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        status = CLIENT_CLOSED
+        started = False
 
         async def counting_send(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
+            nonlocal started
+            if message["type"] == "http.response.start" and not started:
+                # counted as the answer starts: a client that has its answer finds it counted
+                started = True
+                self.metrics.answered(self._handler(scope), scope["method"], message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, counting_send)
         finally:
-            self.metrics.answered(self._handler(scope), scope["method"], status)
+            if not started:
+                self.metrics.answered(self._handler(scope), scope["method"], CLIENT_CLOSED)
