@@ -29,3 +29,12 @@ def test_every_metric_is_in_readme_with_its_type():
     assert len(specs) >= 14  # the llm's, the model totals, the encoder's
     table = documented()
     assert {spec.name: spec.kind for spec in specs} == table
+
+
+def test_every_front_metric_is_in_readme_with_its_type_and_labels():
+    from tritonfront.openai.metrics import METRICS
+
+    section = README.read_text().split("### The OpenAI front's metrics\n", 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| `([a-z0-9_:]+)` \| (\w+) \| ([a-z_, ]+) \|", section, flags=re.M)
+    table = {name: (kind, tuple(label.strip() for label in labels.split(","))) for name, kind, labels in rows}
+    assert table == {spec.name: (spec.kind, spec.labels) for spec in METRICS.values()}

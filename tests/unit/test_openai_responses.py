@@ -11,6 +11,7 @@ import pytest
 
 from tritonfront.openai import schemas, streaming
 from tritonfront.openai.api_errors import OpenAIError
+from tritonfront.openai.metrics import FrontMetrics
 from tritonfront.openai.serving_chat import ChatServing
 from tritonfront.openai.serving_completions import CompletionServing
 from tritonfront.openai.triton_backend import TritonBackend
@@ -76,21 +77,22 @@ class FakeTriton:
 class Words:
     """Prompts' stand-in: a chat prompt is the last message's text."""
     has_chat_template = True
+    template_takes_tools = False
 
-    def chat(self, messages):
+    def chat(self, messages, tools=None):
         return messages[-1]["content"]
 
 
 def chat(triton, **fields) -> ChatServing:
     body = {"model": "generate", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0,
             **fields}
-    return ChatServing(TritonBackend(triton), Words()), \
+    return ChatServing(TritonBackend(triton), Words(), FrontMetrics()), \
         schemas.parse(schemas.ChatCompletionRequest, json.dumps(body).encode())
 
 
 def completion(triton, prompts, **fields):
     body = {"model": "generate", "prompt": prompts, "max_tokens": 8, "temperature": 0, **fields}
-    return CompletionServing(TritonBackend(triton)), \
+    return CompletionServing(TritonBackend(triton), FrontMetrics()), \
         schemas.parse(schemas.CompletionRequest, json.dumps(body).encode())
 
 

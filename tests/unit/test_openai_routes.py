@@ -22,12 +22,12 @@ CHAT_PROMPT = "user:hi|assistant:"
 CHAT = {"model": "generate", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def router(backend: FakeBackend) -> Router:
+def router(backend: FakeBackend, config: FrontConfig = FrontConfig()) -> Router:
     @contextlib.asynccontextmanager
     async def open_backend():
         yield backend
 
-    return Router(FrontConfig(), open_backend, Prompts())
+    return Router(config, open_backend, Prompts())
 
 
 @pytest.fixture
@@ -58,7 +58,9 @@ def test_a_completion_defaults_to_16_tokens_and_streams_chunks_then_done(answeri
     client, backend = answering
     with client.stream("POST", "/v1/completions", json={"model": "generate", "prompt": "Once", "stream": True}) as reply:
         assert reply.headers["content-type"] == "text/event-stream; charset=utf-8"
-        events = [line[6:] for line in reply.iter_lines() if line]
+        lines = [line for line in reply.iter_lines() if line]
+    assert lines[0] == ": stream opened"  # an SSE comment: headers and bytes at once, before any token
+    events = [line[6:] for line in lines if not line.startswith(":")]
     assert events[-1] == "[DONE]"
     chunk = json.loads(events[0])
     assert chunk["object"] == "text_completion" and chunk["choices"] == [
@@ -140,10 +142,11 @@ def scope(path: str) -> dict:
             "server": ("127.0.0.1", 9000)}
 
 
-def serve(backend: FakeBackend, body: dict, path="/v1/chat/completions", leave_after: float = None) -> Client:
+def serve(backend: FakeBackend, body: dict, path="/v1/chat/completions", leave_after: float = None,
+          config: FrontConfig = FrontConfig()) -> Client:
     """One request through the app (its lifespan entered); the client leaves after `leave_after` s."""
     async def go():
-        front = router(backend)
+        front = router(backend, config)
         app = build(front)
         client = Client(body)
         async with front.serving(app):
@@ -171,8 +174,19 @@ def test_an_error_after_the_first_event_is_an_error_event_without_done():
     client = serve(FakeBackend({CHAT_PROMPT: [delta("a"), quiet]}), {**CHAT, "stream": True})
     assert client.status == 200
     body = client.body.decode()
-    assert body.startswith('data: {"id":"chatcmpl-') and '"code":"stream_timeout"' in body and "[DONE]" not in body
+    assert body.startswith(': stream opened\n\ndata: {"id":"chatcmpl-') and '"code":"stream_timeout"' in body
+    assert "[DONE]" not in body
     assert body.count("data: ") == 2
+
+
+def test_a_waiting_stream_opens_within_a_second_and_keeps_alive_until_its_client_leaves():
+    config = FrontConfig(sse_keep_alive=0.2)
+    client = serve(FakeBackend({CHAT_PROMPT: [HANG]}), {**CHAT, "stream": True}, leave_after=2.0, config=config)
+    assert client.status == 200  # before any token: headers after min(FIRST_EVENT_WAIT_S, keep-alive)
+    body = client.body.decode()
+    assert body.startswith(": stream opened\n\n: keep-alive\n\n") and "data:" not in body
+    assert 3 <= body.count(": keep-alive") <= 10  # every 0.2 s of the 2 s
+    # serve() checked that the backend's generation was closed when the client left
 
 
 @pytest.mark.parametrize("streamed", [True, False])
@@ -197,8 +211,9 @@ def test_a_parameter_the_backend_refuses_is_a_400_naming_it():
 def test_a_client_that_leaves_stops_the_work_at_once(streamed, first):
     """Before its first token (streamed or whole) or mid-stream: the backend's generation is closed."""
     script = [HANG] if first else [delta("a"), HANG]
-    client = serve(FakeBackend({CHAT_PROMPT: script}), {**CHAT, "stream": streamed}, leave_after=0.05)
+    # mid-stream: the client leaves once the first chunk has had time to go out after the comment
+    client = serve(FakeBackend({CHAT_PROMPT: script}), {**CHAT, "stream": streamed}, leave_after=0.05 if first else 0.5)
     if first:
         assert client.sent == []  # nothing is sent to a client that left
     else:
-        assert client.status == 200 and client.body.startswith(b"data: ")
+        assert client.status == 200 and client.body.startswith(b": stream opened\n\ndata: ")

@@ -7,7 +7,6 @@ import pytest
 from starlette.testclient import TestClient
 
 from tritonfront.openai import config
-from tritonfront.openai.api_errors import OpenAIError
 from tritonfront.openai.router import Router, build
 
 from fake_openai_backend import FakeBackend, Prompts, delta

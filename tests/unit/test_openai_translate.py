@@ -7,6 +7,7 @@ import pytest
 
 from tritonfront.openai import schemas, triton_inputs
 from tritonfront.openai.api_errors import OpenAIError
+from tritonfront.openai.metrics import FrontMetrics
 from tritonfront.openai.serving_chat import ChatServing
 from tritonfront.openai.serving_completions import CompletionServing
 from tritonfront.openai.triton_client import Contract
@@ -31,13 +32,13 @@ def contract(inputs) -> Contract:
 def chat_plan(inputs=TRTLLM, **fields):
     body = {"model": "generate", "messages": [{"role": "user", "content": "hi"}], **fields}
     request = schemas.parse(schemas.ChatCompletionRequest, json.dumps(body).encode())
-    return triton_inputs.plan(ChatServing(None, Prompts()).generation_request(request), contract(inputs))
+    return triton_inputs.plan(ChatServing(None, Prompts(), FrontMetrics()).generation_request(request)[0], contract(inputs))
 
 
 def completion_plan(inputs=TRTLLM, **fields):
     body = {"model": "generate", "prompt": "Once", **fields}
     request = schemas.parse(schemas.CompletionRequest, json.dumps(body).encode())
-    return triton_inputs.plan(CompletionServing(backend=None).generation_request(request), contract(inputs))
+    return triton_inputs.plan(CompletionServing(None, FrontMetrics()).generation_request(request), contract(inputs))
 
 
 def test_openai_samples_at_temperature_1_unless_told():
@@ -100,11 +101,36 @@ def test_log_probs_need_the_tokens_texts_the_front_never_decodes_itself():
     assert caught.value.param == "logprobs" and "'return_token_texts'" in caught.value.message
 
 
-def test_top_logprobs_are_refused_the_contract_returns_the_chosen_token_only():
+def test_top_logprobs_are_refused_by_a_model_without_the_extension():
     with pytest.raises(OpenAIError) as caught:
         chat_plan(logprobs=True, top_logprobs=2)
-    assert caught.value.param == "top_logprobs" and "use 0" in caught.value.message
+    assert caught.value.param == "top_logprobs" and "no input 'top_logprobs'" in caught.value.message
     assert chat_plan(logprobs=True, top_logprobs=0).inputs["return_log_probs"] is True
+
+
+def test_top_logprobs_ask_the_extension_for_alternatives_and_token_texts():
+    extended = {**TRTLLM, "top_logprobs": "INT32", "return_token_texts": "BOOL"}
+    plan = chat_plan(extended, logprobs=True, top_logprobs=3)
+    assert plan.inputs["top_logprobs"] == 3 and plan.inputs["return_token_texts"] is True
+    assert "return_log_probs" not in plan.inputs and plan.params["top_logprobs"] == "top_logprobs"
+    assert {"output_log_probs", "output_token_texts", "output_top_log_probs", "output_top_texts"} <= set(plan.outputs)
+    plan = completion_plan(extended, logprobs=0)
+    assert plan.inputs["return_log_probs"] is True and "output_top_texts" not in plan.outputs
+    assert "output_token_texts" in plan.outputs
+    plan = completion_plan(extended, logprobs=2)
+    assert plan.inputs["top_logprobs"] == 2 and plan.params["top_logprobs"] == "logprobs"
+
+
+def test_a_forced_tool_call_sends_its_guide():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
+    plan = chat_plan(tools=tools, tool_choice="required", max_tokens=8)
+    assert plan.inputs["guided_decoding_guide_type"] == "ebnf_grammar" and "root ::=" in plan.inputs["guided_decoding_guide"]
+    assert plan.params["guided_decoding_guide"] == "tools"
+    assert "guided_decoding_guide" not in chat_plan(tools=tools, max_tokens=8).inputs  # auto: the text is parsed
+    with pytest.raises(OpenAIError) as caught:
+        chat_plan(tools=tools, tool_choice="required", max_tokens=8, response_format={"type": "json_object"})
+    assert caught.value.param == "response_format"
 
 
 def test_completions_default_to_16_tokens_and_keep_their_prompts():
@@ -131,7 +157,7 @@ def test_a_model_without_a_chat_template_refuses_chat():
     request = schemas.parse(schemas.ChatCompletionRequest,
                             b'{"model": "generate", "messages": [{"role": "user", "content": "hi"}]}')
     with pytest.raises(OpenAIError) as caught:
-        ChatServing(None, Plain()).generation_request(request)
+        ChatServing(None, Plain(), FrontMetrics()).generation_request(request)
     assert caught.value.param == "messages" and "no chat template" in caught.value.message
 
 

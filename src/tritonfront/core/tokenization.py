@@ -8,7 +8,7 @@ import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -223,13 +223,13 @@ def check_words(words: Sequence[str], field: str) -> None:
 CHAT_ROLES = {"developer": "system"}  # OpenAI's newer name for the system role; templates know "system"
 
 
-def render_chat(tokenizer, messages: Sequence[dict]) -> str:
+def render_chat(tokenizer, messages: Sequence[dict], tools: Optional[list] = None) -> str:
     """The one place a chat template is rendered (the llm_tokenizer's apply_chat_template and the
-    OpenAI front's chat): `messages` ({"role", "content"[, "name"]}) through the tokenizer's template
-    with the assistant's turn opened, as text whose encoding without added special tokens is
-    apply_chat_template(tokenize=True)'s ids."""
+    OpenAI front's chat): `messages` ({"role", "content"[, "name"]}) and, for a template that takes
+    them, `tools` through the tokenizer's template with the assistant's turn opened, as text whose
+    encoding without added special tokens is apply_chat_template(tokenize=True)'s ids."""
     turns = [{**message, "role": CHAT_ROLES.get(message["role"], message["role"])} for message in messages]
-    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(turns, tools=tools, tokenize=False, add_generation_prompt=True)
 
 
 class PromptTokenizer(BatchTokenizer):

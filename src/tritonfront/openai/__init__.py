@@ -12,7 +12,12 @@ Python backend.
     serving_completions  /v1/completions                } openai.types objects from the backend's answers
     serving_embeddings   /v1/embeddings                /
     serving_models       /v1/models and /health       /
+    tools                tool calling: tools and tool_choice checked, the prompt they add, the guide of a
+                         forced call, the model's text turned into tool_calls (whole and streamed)
+    logprobs             log probs and top alternatives in OpenAI's shapes from the per-token outputs
+    metrics              the front's Prometheus metrics (vLLM's names) and the responses counted
     streaming            SSE through Starlette's StreamingResponse; work cancelled when its client leaves
+    keepalive            SSE comments at the start and through silences, for proxies' idle timeouts
     router               the routes and the Starlette app; `python -m tritonfront.openai` serves them
     triton_backend       the Backend served by Triton: the generation and embedding ensembles
     triton_client        the Triton client: one gRPC channel; generation always as a gRPC stream with an

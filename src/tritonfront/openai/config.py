@@ -21,6 +21,9 @@ class FrontConfig:
     # cancels the gRPC stream and answers the client with an error. Above the llm queue's own
     # timeout (60 s), so a request waiting in Triton's queue is answered by Triton's rejection.
     stream_timeout: float = 90.0
+    # Seconds of silence after which a server-sent event stream gets a comment: proxies cut
+    # connections idle for their timeout (often 60 s), and a request can wait longer in the queue.
+    sse_keep_alive: float = 15.0
     generate_models: tuple[str, ...] = ("generate",)  # Triton models served as completions and chat
     embed_models: tuple[str, ...] = ("embed",)  # Triton models served as embeddings
     # (served name, Triton model) pairs: a client may name the Triton model by either; responses
@@ -45,6 +48,8 @@ SETTINGS = {
     "--port": (None, "port to listen on"),
     "--stream-timeout": ("TRITONFRONT_OPENAI_STREAM_TIMEOUT",
                          "seconds a generation may go without a response before it is ended with an error"),
+    "--sse-keep-alive": ("TRITONFRONT_OPENAI_SSE_KEEP_ALIVE",
+                         "seconds of silence after which a streamed answer sends an SSE comment (keep-alive)"),
     "--generate-models": ("TRITONFRONT_OPENAI_GENERATE_MODELS",
                           "comma-separated Triton models served by /v1/completions and /v1/chat/completions"),
     "--embed-models": ("TRITONFRONT_OPENAI_EMBED_MODELS", "comma-separated Triton models served by /v1/embeddings"),
@@ -106,6 +111,7 @@ def parse(argv: Optional[Sequence[str]] = None, environ: Optional[dict] = None) 
     config = FrontConfig(
         triton_url=args.triton_url, host=args.host, port=number("--port", int, 1, 65535),
         stream_timeout=number("--stream-timeout", float, 0.1, 24 * 3600),
+        sse_keep_alive=number("--sse-keep-alive", float, 0.1, 3600),
         generate_models=_names(args.generate_models), embed_models=_names(args.embed_models),
         served_model_names=_served_names(args.served_model_names), log_level=args.log_level)
     if not config.models:

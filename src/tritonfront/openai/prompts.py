@@ -12,9 +12,10 @@ says so at start-up.
 """
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ..core.tokenization import max_sequence_length, render_chat
+from .tools import template_takes_tools
 
 log = logging.getLogger("tritonfront.openai")
 
@@ -24,6 +25,7 @@ class Prompts:
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+        self.template_takes_tools = template_takes_tools(getattr(tokenizer, "chat_template", None))
         with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
         plain = tokenizer("a", add_special_tokens=False)["input_ids"]
         start = next((i for i in range(len(with_special) - len(plain) + 1)
@@ -41,10 +43,11 @@ class Prompts:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         return cls(tokenizer, max_sequence_length(model_dir, tokenizer))
 
-    def chat(self, messages: Sequence[dict]) -> str:
-        """The raw prompt for `messages` ({"role", "content"[, "name"]}): the model's chat template
-        with the assistant's turn opened, less the prefix the ensemble's tokenizer adds back."""
-        text = render_chat(self.tokenizer, messages)
+    def chat(self, messages: Sequence[dict], tools: Optional[list] = None) -> str:
+        """The raw prompt for `messages` ({"role", "content"[, "name"]}) and, for a template that
+        takes them, `tools`: the model's chat template with the assistant's turn opened, less the
+        prefix the ensemble's tokenizer adds back."""
+        text = render_chat(self.tokenizer, messages, tools)
         if self._added_prefix and text.startswith(self._added_prefix):
             text = text[len(self._added_prefix):]
         return text

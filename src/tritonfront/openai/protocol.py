@@ -11,6 +11,7 @@ from typing import AsyncIterator, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
+from .logprobs import Token
 from .schemas import ResponseFormat, Sampling
 
 
@@ -27,6 +28,7 @@ class GenerationRequest:
     logprobs: Optional[int] = None  # None: not asked for; k: the chosen token's and k alternatives
     logprobs_param: str = "logprobs"
     response_format: Optional[ResponseFormat] = None
+    guide: Optional[tuple[str, str]] = None  # (guide type, guide) a forced tool call is generated under
 
 
 @dataclass
@@ -38,7 +40,7 @@ class TextDelta:
     finish_reason: Optional[str]  # set on the choice's last delta
     prompt_tokens: int
     completion_tokens: int  # the choice's running count
-    tokens: Optional[list[tuple[bytes, float]]] = None  # (UTF-8 bytes, log prob) of each token, when asked for
+    tokens: Optional[list[Token]] = None  # each token's bytes, log prob and alternatives, when asked for
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings and /health, each
+"""The routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/embeddings, /health and the
+front's Prometheus metrics at /metrics (metrics), each
 a request body read and parsed, its model checked against the endpoint, and the serving module's
 answer sent whole or streamed.
 
@@ -18,6 +19,7 @@ from starlette.routing import Route
 from . import schemas
 from .api_errors import OpenAIError, invalid, model_not_found
 from .config import FrontConfig
+from .metrics import CountResponses, FrontMetrics
 from .prompts import Prompts
 from .protocol import Backend
 from .serving_chat import ChatServing
@@ -36,13 +38,14 @@ class Router:
     def __init__(self, config: FrontConfig, open_backend: Callable[[], AsyncContextManager[Backend]],
                  prompts: Optional[Prompts]):
         self.config, self.open_backend, self.prompts = config, open_backend, prompts
+        self.metrics = FrontMetrics()
 
     @contextlib.asynccontextmanager
     async def serving(self, app):
         async with self.open_backend() as backend:
             self.models = ModelServing(backend, self.config)
-            self.chat = ChatServing(backend, self.prompts, self.config.triton_model)
-            self.completion = CompletionServing(backend, self.config.triton_model)
+            self.chat = ChatServing(backend, self.prompts, self.metrics, self.config.triton_model)
+            self.completion = CompletionServing(backend, self.metrics, self.config.triton_model)
             self.embedding = EmbeddingServing(backend, self.config.triton_model)
             yield
 
@@ -82,6 +85,10 @@ class Router:
         except OpenAIError as error:
             return error_response(error)
 
+    async def prometheus(self, request: Request) -> Response:
+        body, content_type = self.metrics.exposition()
+        return Response(body, headers={"content-type": content_type})
+
     async def health(self, request: Request) -> Response:
         try:
             return model_response(await self.models.health())
@@ -94,7 +101,7 @@ class Router:
         except OpenAIError as error:
             return error_response(error)
         if parsed.stream:
-            return await open_stream(request, serving.stream(parsed))
+            return await open_stream(request, serving.stream(parsed), self.config.sse_keep_alive)
         return await answer(request, serving.whole(parsed))
 
     async def completions(self, request: Request) -> Response:
@@ -125,14 +132,17 @@ async def _unexpected(request: Request, error: Exception) -> Response:
     return error_response(error)
 
 
-def build(router: Router) -> Starlette:
+def build(router: Router) -> CountResponses:
+    """The app, every answer counted by route and status (FrontMetrics)."""
     routes = [
         Route("/health", router.health, methods=["GET"]),
+        Route("/metrics", router.prometheus, methods=["GET"]),
         Route("/v1/models", router.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", router.model, methods=["GET"]),
         Route("/v1/completions", router.completions, methods=["POST"]),
         Route("/v1/chat/completions", router.chat_completions, methods=["POST"]),
         Route("/v1/embeddings", router.embeddings, methods=["POST"]),
     ]
-    return Starlette(routes=routes, lifespan=router.serving,
-                     exception_handlers={HTTPException: _http_error, Exception: _unexpected})
+    app = Starlette(routes=routes, lifespan=router.serving,
+                    exception_handlers={HTTPException: _http_error, Exception: _unexpected})
+    return CountResponses(app, router.metrics, routes)

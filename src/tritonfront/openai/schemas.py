@@ -3,8 +3,9 @@
 Types are strict (a number sent as a string is an error, as OpenAI answers it) and an unknown
 field is refused, as OpenAI refuses it ("Unrecognized request argument supplied"), so a misspelled
 parameter never goes silently unused. Fields OpenAI defines that mean nothing here (`user`,
-`metadata`, `store`, `service_tier`, `parallel_tool_calls`) are accepted and ignored; fields that ask
-for something this server cannot do (`tools`, `logit_bias`, audio ...) are accepted only with a
+`metadata`, `store`, `service_tier`) are accepted and ignored; `tools`, `tool_choice` and
+`parallel_tool_calls` are checked by tools.parse_request; fields that ask
+for something this server cannot do (`functions`, `logit_bias`, audio ...) are accepted only with a
 value that asks for nothing. Besides OpenAI's fields, vLLM's sampling extensions that the
 generation contract has (`top_k`, `min_tokens`, `repetition_penalty`) are accepted.
 
@@ -89,10 +90,35 @@ StringList = Annotated[Optional[list[str]], BeforeValidator(_string_list)]
 TextsOrTokenIds = Annotated[list, BeforeValidator(_texts_or_token_ids)]
 
 
+class FunctionCall(Body):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Annotated[str, BeforeValidator(_content_text)]
+    """A turn of the history: an assistant's may carry the tool calls it made (its content then
+    may be null), a tool's carries a call's result and the id of the call."""
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Annotated[str, BeforeValidator(_content_text)]] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _fields_of_its_role(self) -> "Message":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (an assistant's may be null only with tool_calls)")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only an assistant message has tool_calls")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise ValueError("a tool message needs tool_call_id, and only it has one")
+        return self
 
 
 class StreamOptions(Body):
@@ -119,8 +145,6 @@ class ResponseFormat(Body):
 
 # OpenAI features this server does not have; a value that asks for nothing is accepted.
 UNSUPPORTED = {
-    "tools": "tool calling is not supported",
-    "tool_choice": "tool calling is not supported",
     "functions": "function calling is not supported",
     "function_call": "function calling is not supported",
     "logit_bias": "logit bias is not supported",
@@ -241,6 +265,10 @@ class EmbeddingRequest(Body):
     def _not_too_many(self) -> "EmbeddingRequest":
         if len(self.input) > MAX_EMBEDDING_INPUTS:
             raise _Refused("input", f"{len(self.input)} inputs is over the limit of {MAX_EMBEDDING_INPUTS} per request")
+        empty = next((i for i, text in enumerate(self.input) if text == ""), None)
+        if empty is not None:  # as OpenAI answers it: an empty text has nothing to embed
+            raise _Refused("input", "must not be an empty string" if len(self.input) == 1 else
+                           f"input[{empty}] must not be an empty string")
         return self
 
 

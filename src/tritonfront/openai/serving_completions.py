@@ -8,29 +8,24 @@ from typing import AsyncIterator, Callable, Optional
 from openai.types import Completion, CompletionChoice
 from openai.types.completion_choice import Logprobs
 
-from . import streaming
+from . import logprobs, streaming
 from .answers import Answer
 from .api_errors import unsupported
+from .metrics import FrontMetrics
 from .protocol import Backend, GenerationRequest
 from .schemas import CompletionRequest
 
 OPENAI_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
-def _logprobs(tokens: list[tuple[bytes, float]], offset: int) -> Logprobs:
-    texts = [token.decode("utf-8", "replace") for token, _ in tokens]
-    offsets = []
-    for text in texts:
-        offsets.append(offset)
-        offset += len(text)
-    return Logprobs(tokens=texts, token_logprobs=[log_prob for _, log_prob in tokens], top_logprobs=None,
-                    text_offset=offsets)
+def _logprobs(tokens, offset: int, alternatives: int) -> Logprobs:
+    return Logprobs(**logprobs.completion(tokens or [], offset, alternatives))
 
 
 class CompletionServing:
-    def __init__(self, backend: Backend, triton_model: Callable[[str], str] = str):
+    def __init__(self, backend: Backend, metrics: FrontMetrics, triton_model: Callable[[str], str] = str):
         # The backend knows Triton's model names; answers echo the name the client used (a served name).
-        self.backend, self.triton_model = backend, triton_model
+        self.backend, self.metrics, self.triton_model = backend, metrics, triton_model
 
     def generation_request(self, request: CompletionRequest) -> GenerationRequest:
         if not all(isinstance(prompt, str) for prompt in request.prompt):
@@ -42,8 +37,12 @@ class CompletionServing:
         return GenerationRequest(self.triton_model(request.model), list(request.prompt), "prompt", limit, "max_tokens",
                                  request, logprobs=request.logprobs)
 
+    async def _deltas(self, request: CompletionRequest):
+        observed = self.metrics.generation(request.model)
+        return observed.observe(await self.backend.generate(self.generation_request(request)))
+
     async def whole(self, request: CompletionRequest) -> Completion:
-        deltas = await self.backend.generate(self.generation_request(request))
+        deltas = await self._deltas(request)
         answer = Answer(len(request.prompt) * request.n)
         async for delta in deltas:
             answer.add(delta)
@@ -52,12 +51,13 @@ class CompletionServing:
             prompt = request.prompt[index // request.n] if request.echo else ""
             choices.append(CompletionChoice(
                 index=index, text=prompt + "".join(choice.text), finish_reason=choice.finish_reason,
-                logprobs=_logprobs(choice.tokens, len(prompt)) if request.logprobs is not None else None))
+                logprobs=(_logprobs(choice.tokens, len(prompt), request.logprobs) if request.logprobs is not None
+                          else None)))
         return Completion(id=_new_id(), object="text_completion", created=int(time.time()), model=request.model,
                           choices=choices, usage=answer.usage())
 
     async def stream(self, request: CompletionRequest) -> AsyncIterator[bytes]:
-        deltas = await self.backend.generate(self.generation_request(request))
+        deltas = await self._deltas(request)
         head = dict(id=_new_id(), object="text_completion", created=int(time.time()), model=request.model)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         usage = {"usage": None} if include_usage else {}
@@ -69,12 +69,12 @@ class CompletionServing:
                 choice = answer.add(delta)
                 if not (delta.text or delta.finish_reason or delta.tokens or not choice.started):
                     continue
-                logprobs: Optional[Logprobs] = None
+                chunk_logprobs: Optional[Logprobs] = None
                 if request.logprobs is not None:
-                    logprobs = _logprobs(delta.tokens or [], offset)
+                    chunk_logprobs = _logprobs(delta.tokens, offset, request.logprobs)
                 # OpenAI sends finish_reason null until a choice's last chunk, where the SDK's type
                 # (one for whole answers and chunks) allows only a reason: built unvalidated.
-                entry = CompletionChoice.construct(index=delta.choice, logprobs=logprobs,
+                entry = CompletionChoice.construct(index=delta.choice, logprobs=chunk_logprobs,
                                                    text=delta.text if choice.started else prompt + delta.text,
                                                    finish_reason=delta.finish_reason)
                 choice.started = True

@@ -7,10 +7,11 @@ Starlette's StreamingResponse watches for `http.disconnect` only under ASGI serv
 (uvicorn says 2.3 today); above, it would notice a client gone only at its next write, which for a
 request waiting in a queue comes up to a minute later. EventStream watches always.
 
-A stream's first event is awaited before the response starts (`open_stream`): an error up to then
-(a bad parameter Triton refused, overload) is an ordinary JSON error with its HTTP status, as OpenAI
-answers; an error after it is an event `data: {"error": {...}}` and the stream ends without
-`data: [DONE]`.
+A stream's response starts with its first event or after FIRST_EVENT_WAIT_S (`open_stream`): an
+error up to then (a bad parameter the front or Triton refused) is an ordinary JSON error with its
+HTTP status, as OpenAI answers; a request still waiting then (in Triton's queue) gets its headers
+and an SSE comment, and a keep-alive comment every `keep_alive_s` of silence (keepalive); an error
+after the start is an event `data: {"error": {...}}` and the stream ends without `data: [DONE]`.
 """
 import asyncio
 import json
@@ -22,10 +23,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .api_errors import OpenAIError, internal
+from .keepalive import with_keep_alive
 
 log = logging.getLogger("tritonfront.openai")
 
 DONE = b"data: [DONE]\n\n"
+# How long a stream's response waits for its first event before it starts without it: errors that
+# come at once keep their HTTP status, and a client (or proxy) still gets headers within a second.
+FIRST_EVENT_WAIT_S = 1.0
 T = TypeVar("T")
 
 
@@ -120,27 +125,34 @@ class EventStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-async def _events_after(first: bytes, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def _events_after(first: asyncio.Future, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     try:
-        yield first
+        yield await first
         async for chunk in events:
             yield chunk
     except Exception as error:  # the client gets an error event, never a traceback
         yield event(as_openai_error(error).body())
     finally:
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
         await events.aclose()
 
 
-async def open_stream(request: Request, events: AsyncIterator[bytes]) -> Response:
-    """An SSE response of `events` once its first event has come (the connection watched meanwhile);
-    an error before it is a JSON error with its status."""
+async def open_stream(request: Request, events: AsyncIterator[bytes], keep_alive_s: float) -> Response:
+    """An SSE response of `events` with keep-alive comments (keepalive). The response starts with
+    the first event or after FIRST_EVENT_WAIT_S, whichever comes first (the connection watched
+    meanwhile): an error before then, a parameter the front or Triton refused at once, is a JSON
+    error with its status, as OpenAI answers it; a request that waits longer (in Triton's queue)
+    gets its headers and a first comment then, so a proxy sees the stream open."""
+    first = asyncio.ensure_future(events.__anext__())
     try:
-        first = await with_cancellation(request, events.__anext__())
+        await with_cancellation(request, asyncio.wait((first,), timeout=min(FIRST_EVENT_WAIT_S, keep_alive_s)))
     except ClientLeft:
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
         await events.aclose()
         return NothingToSend()
-    except Exception as error:
+    if first.done() and first.exception() is not None:
         await events.aclose()
-        return error_response(error)
-    return EventStream(_events_after(first, events))
-
+        return error_response(first.exception())
+    return EventStream(with_keep_alive(_events_after(first, events), keep_alive_s))

@@ -22,11 +22,13 @@ from typing import AsyncIterator, Optional, Sequence, Union
 
 import numpy as np
 
+from . import logprobs
 from .api_errors import SERVER_ERROR, OpenAIError
+from .logprobs import Token
 from .config import FrontConfig
 from .protocol import Embeddings, GenerationRequest, TextDelta
 from .triton_client import Contract, TritonClient, output
-from .triton_inputs import LOG_PROBS, SEQUENCE_INDEX, TOKEN_TEXTS, Plan, plan
+from .triton_inputs import LOG_PROBS, SEQUENCE_INDEX, Plan, plan
 
 EMBEDDING, TOKEN_COUNTS = "embedding", "input_lengths"
 IDS_SUFFIX = "_ids"  # the embedding ensemble `embed` takes texts; `embed_ids` takes token ids
@@ -94,11 +96,21 @@ class TritonBackend:
             text = output(result, "text_output", "")
             tokens = None
             if triton_plan.logprobs is not None:
-                log_probs, texts = result.as_numpy(LOG_PROBS), result.as_numpy(TOKEN_TEXTS)
-                tokens = [] if log_probs is None else list(zip(texts.reshape(-1).tolist(), log_probs.reshape(-1).tolist()))
+                tokens = self._tokens(result)
             yield TextDelta(index * triton_plan.n + sequence, index, text, output(result, "finish_reason", "") or None,
                             int(output(result, "prompt_tokens", 0)), int(output(result, "completion_tokens", 0)),
                             tokens)
+
+    @staticmethod
+    def _tokens(result) -> list[Token]:
+        """A response's tokens from the per-token outputs (tritonfront's extension; triton_inputs
+        refuses log probs for a model without them)."""
+        log_probs = result.as_numpy(LOG_PROBS)
+        if log_probs is None or log_probs.size == 0:
+            return []
+        texts = np.asarray(result.as_numpy(logprobs.TOKEN_TEXTS), dtype=object)
+        return logprobs.tokens(log_probs, texts, result.as_numpy(logprobs.TOP_LOG_PROBS),
+                               result.as_numpy(logprobs.TOP_TEXTS))
 
     async def embed(self, model: str, inputs: Union[Sequence[str], Sequence[Sequence[int]]],
                     dimensions: Optional[int]) -> Embeddings:

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from . import logprobs
 from .api_errors import unsupported
 from .protocol import GenerationRequest
 from .schemas import ResponseFormat, Sampling
@@ -78,19 +79,21 @@ def _sampling(request: Sampling, inputs: _Inputs) -> None:
 
 
 def _log_probs(inputs: _Inputs, param: str, alternatives: int) -> None:
-    if alternatives:
-        raise unsupported(param, f"{alternatives} alternatives per token asked for, but the generation contract "
-                                 "returns only the chosen token's log probability (output_log_probs): use 0")
-    inputs.put(param, True, "return_log_probs")
-    inputs.put(param, True, "return_token_texts")  # each token's bytes, the text its log prob belongs to
+    if alternatives:  # the tritonfront extension; it turns the log-prob outputs on by itself
+        inputs.put(param, alternatives, logprobs.TOP_LOGPROBS)
+    else:
+        inputs.put(param, True, "return_log_probs")
+    inputs.put(param, True, logprobs.TOKEN_TEXTS_INPUT)  # each token's bytes, the text its log prob belongs to
 
 
-def _outputs(contract: Contract, logprobs: bool) -> list[str]:
+def _outputs(contract: Contract, inputs: dict, alternatives: Optional[int]) -> list[str]:
     outputs = list(TEXT_OUTPUTS)
     if SEQUENCE_INDEX in contract.outputs:
         outputs.append(SEQUENCE_INDEX)
-    if logprobs:
-        outputs.extend((LOG_PROBS, TOKEN_TEXTS))
+    if alternatives is not None:
+        outputs.extend((LOG_PROBS, logprobs.TOKEN_TEXTS))
+        if alternatives:
+            outputs += [logprobs.TOP_LOG_PROBS, logprobs.TOP_TEXTS]
     return outputs
 
 
@@ -104,6 +107,12 @@ def _response_format(form: Optional[ResponseFormat], inputs: _Inputs) -> None:
     inputs.put("response_format", json.dumps(form.json_schema.schema_), "guided_decoding_guide")
 
 
+def _guide(guide: tuple[str, str], inputs: _Inputs) -> None:
+    kind, text = guide
+    inputs.put("tool_choice", kind, "guided_decoding_guide_type")
+    inputs.put("tools", text, "guided_decoding_guide")
+
+
 def plan(request: GenerationRequest, contract: Contract) -> Plan:
     inputs = _Inputs(contract)
     inputs.put(request.prompt_param, request.prompts[0], "text_input")
@@ -114,5 +123,7 @@ def plan(request: GenerationRequest, contract: Contract) -> Plan:
     if request.logprobs is not None:
         _log_probs(inputs, request.logprobs_param, request.logprobs)
     _response_format(request.response_format, inputs)
-    return Plan(list(request.prompts), inputs.values, inputs.params, _outputs(contract, request.logprobs is not None),
-                n=request.sampling.n, logprobs=request.logprobs)
+    if request.guide is not None:
+        _guide(request.guide, inputs)
+    return Plan(list(request.prompts), inputs.values, inputs.params,
+                _outputs(contract, inputs.values, request.logprobs), n=request.sampling.n, logprobs=request.logprobs)
