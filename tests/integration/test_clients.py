@@ -24,12 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["good morning from litellm", "Triton serves sentence embeddings", "", "Ensembles chain models"]
 
 
-def readme_lines(prefix: str) -> list[str]:
-    return [line.strip() for line in (ROOT / "README.md").read_text().splitlines() if line.startswith(prefix)]
+def usage_lines(prefix: str) -> list[str]:
+    """Lines of docs/usage.md (where README's reference moved) that start with `prefix`."""
+    return [line.strip() for line in (ROOT / "docs" / "usage.md").read_text().splitlines() if line.startswith(prefix)]
 
 
 def perf_analyzer_line(model: str) -> list[str]:
-    (line,) = [line for line in readme_lines("perf_analyzer ") if f" -m {model} " in f"{line} "]
+    (line,) = [line for line in usage_lines("perf_analyzer ") if f" -m {model} " in f"{line} "]
     return shlex.split(line)
 
 

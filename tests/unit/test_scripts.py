@@ -664,14 +664,14 @@ def test_the_image_takes_torch_from_its_index(tmp_path):
 
 # --- the Docker image ------------------------------------------------------------------------------
 
-def readme_section(title: str) -> str:
-    return (ROOT / "README.md").read_text().split(f"\n## {title}", 1)[1].split("\n## ", 1)[0]
+def docs_section(page: str, title: str) -> str:
+    return (ROOT / "docs" / page).read_text().split(f"\n## {title}", 1)[1].split("\n## ", 1)[0]
 
 
 def readme_docker_run() -> list[str]:
     """The arguments of README's first `docker run ... tritonfront`: the one that serves the image
     as built (Docker section)."""
-    text = readme_section("Docker").replace("\\\n", " ")
+    text = docs_section("docker.md", "Docker").replace("\\\n", " ")
     lines = [line for line in text.splitlines() if line.startswith("docker run") and line.rstrip().endswith(" tritonfront")]
     return shlex.split(lines[0])
 
