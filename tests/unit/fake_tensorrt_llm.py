@@ -125,10 +125,10 @@ class CompletionOutput(_restricted("CompletionOutput")):
 
 
 class GenerationResult(_restricted("GenerationResult")):
-    __slots__ = ("_script", "_sampling")
+    __slots__ = ("_script", "_sampling", "_step_seconds")
 
-    def __init__(self, script: list, sampling: SamplingParams):
-        self._script, self._sampling = script, sampling
+    def __init__(self, script: list, sampling: SamplingParams, step_seconds: float = 0.0):
+        self._script, self._sampling, self._step_seconds = script, sampling, step_seconds
         self._outputs, self._finished, self._aborted = [CompletionOutput()], False, False
 
     def abort(self):
@@ -145,7 +145,7 @@ class GenerationResult(_restricted("GenerationResult")):
         request with its finish reason), as TensorRT-LLM's result does, and yields it."""
         completion = self._outputs[0]
         for index, (tokens, finish_reason) in enumerate(self._script):
-            await asyncio.sleep(0)
+            await asyncio.sleep(self._step_seconds)
             if self._aborted:
                 return
             completion._seen_tokens, completion._seen_logprobs = len(completion._token_ids), len(completion._logprobs)
@@ -161,13 +161,15 @@ class GenerationResult(_restricted("GenerationResult")):
 
 
 class LLM:
-    """Records its arguments; `script` is what each request generates (see GenerationResult)."""
-    __slots__ = ("kwargs", "requests", "script", "results", "closed")
+    """Records its arguments; `script` is what each request generates (see GenerationResult), one
+    step per `step_seconds` (a test that must catch a request in flight paces it)."""
+    __slots__ = ("kwargs", "requests", "script", "results", "closed", "step_seconds")
 
     def __init__(self, **kwargs):
         _check_keywords("LLM", kwargs)
         self.kwargs, self.requests, self.results, self.closed = kwargs, [], [], False
         self.script = [([Token(5)], "length")]
+        self.step_seconds = 0.0
 
     def generate_async(self, inputs, sampling_params=None, streaming=False, **kwargs):
         unknown = set(kwargs) - set(OBJECTS["LLM"]["calls"]["generate_async"])
@@ -189,7 +191,7 @@ class LLM:
         if sampling_params.logprobs is not None and not isinstance(sampling_params.logprobs_mode, LogprobMode):
             raise TypeError(f"logprobs_mode must be a LogprobMode, got {sampling_params.logprobs_mode!r}")
         self.requests.append((list(inputs), sampling_params, streaming))
-        result = GenerationResult(self.script, sampling_params)
+        result = GenerationResult(self.script, sampling_params, self.step_seconds)
         self.results.append(result)
         return result
 

@@ -207,7 +207,8 @@ def test_no_log_probs_unless_asked(engine):
 
 
 def test_cancel_aborts_tensorrt_llms_request_and_drops_its_outputs(engine):
-    engine._llm.script = [([Token(5)], None)] * 1000 + [([Token(5)], "length")]
+    # Paced so that the request is still generating when it is cancelled (1000 steps take >= 10 s).
+    engine._llm.script, engine._llm.step_seconds = [([Token(5)], None)] * 1000 + [([Token(5)], "length")], 0.01
     engine.add("c", [1], SamplingParams(max_tokens=1001))
     deadline = time.monotonic() + 10
     while not engine._llm.results:
