@@ -203,7 +203,8 @@ def test_64_concurrent_streams_join_to_the_non_streamed_text(dp_server):
 
 
 def test_cancelled_stream_stops_generating_others_finish(dp_server):
-    """A stream to the llm model cancelled by its client leaves the engine within a step. (Through
+    """A stream to the llm model cancelled by its client leaves the engine within half a second and a
+    step (the loop's cancel_check_s). (Through
     the ensemble Triton cancels only the steps it has not started yet, so an llm request already
     generating never learns of it: core's ensemble scheduler calls Cancel() on new step requests
     only.)"""

@@ -60,7 +60,7 @@ class TritonSide:
 def setup():
     engine, triton = Engine3(), TritonSide()
     loop = GenerationLoop(engine, GroupResponder(triton), stream_interval=1, context_window=8, poll_s=0,
-                          idle_cancel_check_s=0)
+                          cancel_check_s=0)
     return engine, triton, loop
 
 

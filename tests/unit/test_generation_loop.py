@@ -58,7 +58,8 @@ class Client:
 @pytest.fixture
 def setup():
     engine, client, loads = ScriptedEngine(), Client(), []
-    loop = GenerationLoop(engine, client, stream_interval=1, context_window=8, on_load=loads.append, poll_s=0)
+    loop = GenerationLoop(engine, client, stream_interval=1, context_window=8, on_load=loads.append, poll_s=0,
+                          cancel_check_s=0)
     return engine, client, loop, loads
 
 
@@ -178,13 +179,34 @@ def test_a_waiting_request_is_cancelled_without_engine_output(setup):
     assert client.chunks["a"][-1].finish_reason == FINISH_CANCELLED
 
 
+def test_each_client_is_asked_about_cancellation_at_most_once_per_interval():
+    now = [0.0]
+    engine, client, asked = ScriptedEngine(), Client(), []
+    client.is_cancelled = lambda handle: asked.append(handle) or handle in client.gone
+    loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0.5, clock=lambda: now[0])
+    a = submit(loop, engine, "a")
+    for _ in range(3):  # steps within the interval: no round trip to Triton
+        now[0] += 0.1
+        engine.emit(a, [100])
+        loop.step()
+    assert asked == []
+    now[0] += 0.2
+    submit(loop, engine, "b")  # new: first asked one interval after it arrived
+    client.gone.add("a")
+    loop.step()
+    assert asked == ["a"] and engine.cancelled == [a]
+    now[0] += 0.5
+    loop.step()
+    assert asked == ["a", "b"]
+
+
 def test_a_stream_whose_chunks_are_not_acknowledged_is_freed(tmp_path):
     """Behind the ensemble nobody tells the llm of a cancelled stream: its unacknowledged chunks do."""
     now = [0.0]
     rows = open_rows(ack_table_path(7, 1, tmp_path), 1, SLOTS)
     tracker = DeliveryTracker(rows[0], 7, 0, timeout_s=5.0, clock=lambda: now[0])
     engine, client = ScriptedEngine(), Client()
-    loop = GenerationLoop(engine, client, poll_s=0, idle_cancel_check_s=0, delivery=tracker)
+    loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0, delivery=tracker)
     loop.submit("gone", GenerationRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
                                           delivery_acknowledged=True))
     loop.submit("direct", GenerationRequest([10, 11], SamplingParams(max_tokens=50), stream=True))

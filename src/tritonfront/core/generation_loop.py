@@ -6,8 +6,9 @@ this instance holds max_active_requests unfinished requests (`wait_for_room`) an
 balancing, while another rank has fewer outstanding tokens (tritonfront.core.balancing), so waiting
 requests stay in Triton's queue. One thread per model instance owns the rest: it waits for the
 engine's new tokens, turns them into chunks per request (EOS and end_id, stop words,
-max_tokens, stream_interval), sends them, and polls client cancellation between engine steps,
-so a cancelled request leaves the batch (and frees its KV cache) within one step. Streams
+max_tokens, stream_interval), sends them, and asks each request's client whether it cancelled
+at most every cancel_check_s (a round trip to Triton each), so a cancelled request leaves the
+batch (and frees its KV cache) within that time and a step. Streams
 abandoned behind the ensemble, which Triton does not cancel, are found through a
 DeliveryTracker (tritonfront.core.delivery) and leave the same way. Sending and the cancellation
 check are a Responder's job, so this runs and is tested without Triton.
@@ -174,6 +175,7 @@ class _Live:
     request_id: str
     handle: Any
     completion: Completion
+    cancel_checked: float  # when its client was last asked whether it cancelled
 
 
 class TurnHooks:
@@ -196,7 +198,8 @@ class TurnHooks:
 class GenerationLoop:
     def __init__(self, engine: Engine, responder: Responder, stream_interval: int = 1, context_window: int = 0,
                  on_load: Callable[[Load], None] = lambda load: None, poll_s: float = 0.02,
-                 idle_cancel_check_s: float = 0.1, delivery: Optional[DeliveryTracker] = None):
+                 cancel_check_s: float = 0.5, delivery: Optional[DeliveryTracker] = None,
+                 clock: Callable[[], float] = time.monotonic):
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self.engine = engine
@@ -205,10 +208,13 @@ class GenerationLoop:
         self.context_window = context_window
         self.on_load = on_load
         self.poll_s = poll_s  # longest wait for engine output
-        self.idle_cancel_check_s = idle_cancel_check_s
+        # Asking Triton whether a client cancelled is a round trip per request (as costly as sending
+        # a chunk, by py-spy in the llm stub at 16 streams): each live request is asked at most once
+        # per cancel_check_s, so a cancelled request runs on for at most that long (plus a step).
+        self.cancel_check_s = cancel_check_s
         self.delivery = delivery
+        self.clock = clock
         self.hooks: Optional[TurnHooks] = None
-        self._cancellations_checked = 0.0
         self._live: dict[str, _Live] = {}
         self._held: set[str] = set()  # streams whose ready ids wait for their previous chunk's acknowledgement
         self._cancelled = 0
@@ -230,7 +236,7 @@ class GenerationLoop:
         # Registered and added as one step, so a cancellation check cannot fall in between and
         # cancel in the engine a request it does not have yet.
         with self._lock:
-            self._live[request_id] = _Live(request_id, handle, completion)
+            self._live[request_id] = _Live(request_id, handle, completion, self.clock())
             try:
                 self.engine.add(request_id, request.prompt_ids, params)
             except Exception:
@@ -295,12 +301,7 @@ class GenerationLoop:
         for output in outputs:
             self._deliver(output)
         self._release_held()
-        # Once per engine step (a step's outputs arrive together), and now and then while
-        # requests only wait: each check is a round trip to Triton per live request.
-        now = time.monotonic()
-        if outputs or now - self._cancellations_checked >= self.idle_cancel_check_s:
-            self._cancellations_checked = now
-            self._check_cancellations()
+        self._check_cancellations()
         self.publish_load()
 
     def _deliver(self, output: EngineOutput) -> None:
@@ -348,12 +349,19 @@ class GenerationLoop:
         with self._lock:
             live_items = list(self._live.items())
             abandoned = set(self.delivery.abandoned()) if self.delivery is not None else set()
+        now = self.clock()
         for request_id, live in live_items:
-            if request_id in abandoned or self._is_cancelled(live):
+            if request_id in abandoned or self._cancel_check_due(live, now) and self._is_cancelled(live):
                 self._retire(request_id, cancel_engine=True)
                 with self._lock:
                     self._cancelled += 1
                 self._send(live, live.completion.cancel())
+
+    def _cancel_check_due(self, live: _Live, now: float) -> bool:
+        if now - live.cancel_checked < self.cancel_check_s:
+            return False
+        live.cancel_checked = now
+        return True
 
     def _retire(self, request_id: str, cancel_engine: bool) -> None:
         with self._lock:
