@@ -13,19 +13,23 @@ CACHE_DIR="${TRITONFRONT_CACHE:-$TRITONFRONT_ROOT/.cache}"
 export TRITONFRONT_ROOT TRITONFRONT_CACHE="$CACHE_DIR"
 
 if [ -n "${TRITONFRONT_TRITON_HOME:-}" ]; then
+  PIP_CONSTRAINTS="$TRITONFRONT_ROOT/constraints-image.txt"
   PIP_REQUIREMENTS=(-r "$TRITONFRONT_ROOT/requirements.txt" -r "$TRITONFRONT_ROOT/requirements-image.txt"
-                    -c "$TRITONFRONT_ROOT/constraints-image.txt")
+                    -c "$PIP_CONSTRAINTS")
   TRITONSERVER="$TRITONFRONT_TRITON_HOME/bin/tritonserver"
   BACKEND_DIR="$TRITONFRONT_TRITON_HOME/backends"
 else
+  PIP_CONSTRAINTS="$TRITONFRONT_ROOT/constraints.txt"
   PIP_REQUIREMENTS=(-r "$TRITONFRONT_ROOT/requirements.txt" -r "$TRITONFRONT_ROOT/requirements-pytriton.txt"
-                    -c "$TRITONFRONT_ROOT/constraints.txt")
+                    -c "$PIP_CONSTRAINTS")
   TRITONSERVER=""  # inside the venv's nvidia-pytriton, once there is a venv (below)
   # Built by setup.sh from the venv's wheel, so it lives with that venv (a cache shared by several
   # checkouts would point every one of them at whichever venv set it up last).
   BACKEND_DIR="$VENV/triton/backends"
 fi
 REQUIREMENTS_MODELS="$TRITONFRONT_ROOT/requirements-models.txt"
+# Built from source (an sdist), so installed apart from the others: scripts/setup.sh install_llama_cpp.
+REQUIREMENTS_LLAMA="$TRITONFRONT_ROOT/requirements-llama.txt"
 
 if [ -x "$VENV/bin/python" ]; then
   # The stub runs the venv's python: its bin/ first on PATH or it cannot import numpy.
