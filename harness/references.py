@@ -89,6 +89,7 @@ def llama_cpp_greedy_reference(prompts: list[list[int]], max_tokens: int) -> lis
     results = []
     for ids in prompts:
         out = []
+        llm.reset()  # no reuse of a previous prompt's cache: every prompt computed from scratch
         for token in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
             out.append(int(token))
             if llama_cpp.llama_vocab_is_eog(vocab, token) or len(out) == max_tokens:

@@ -428,8 +428,11 @@ class LlamaCppEngine(Engine):
             for sequence, take in chunks:
                 sequence.fed += take
                 self.cells_held += take
-            logits = np.ctypeslib.as_array(llama.llama_get_logits(self._ctx), shape=(len(sampled), self.vocab_size))
-            outputs = self._sample(sampled, logits)
+            outputs = []
+            if sampled:  # a step of prompt chunks alone has no logits
+                logits = np.ctypeslib.as_array(llama.llama_get_logits(self._ctx),
+                                               shape=(len(sampled), self.vocab_size))
+                outputs = self._sample(sampled, logits)
         for output in outputs:
             if output.finished:
                 sequence = self._running.get(output.request_id)
