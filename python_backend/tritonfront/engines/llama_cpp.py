@@ -41,8 +41,8 @@ from ..errors import InvalidInput
 from .base import ENGINE_THREAD_NAME, Engine, EngineConfig, EngineOutput, SamplingParams
 from .guided import GuideCompiler, allocate_bitmask, apply_bitmask
 
-# llama.cpp's log callback in the bindings prints at every level unless this logger says otherwise.
-logging.getLogger("llama-cpp-python").setLevel(logging.WARNING)
+# The bindings print llama.cpp's log (its model dump at WARN level) unless this logger says otherwise.
+logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 _BACKEND = threading.Lock()
