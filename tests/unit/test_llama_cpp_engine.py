@@ -1,5 +1,5 @@
 """The llama.cpp engine on the bundled GGUF, against llama-cpp-python's own single-sequence
-generation (Llama.generate, greedy) and its own logits: greedy ids equal alone and in a batch of
+generation (Llama.generate, greedy) and the logits its context computes: greedy ids equal alone and in a batch of
 concurrent sequences, log probs are the log-softmax of the logits llama.cpp computes, seeded
 sampling does not depend on the batch, the sampling features do what they say, a cancelled or
 finished sequence's KV cells go back (asked of llama.cpp's memory itself), and what the engine
@@ -113,8 +113,12 @@ def test_greedy_log_probs_are_the_log_softmax_of_llama_cpps_logits(engine, refer
     prompt = tokens(reference, PROMPTS[1])
     out = run(engine, {"lp": (prompt, SamplingParams(max_tokens=6, return_log_probs=True, top_logprobs=3))})["lp"]
     reference.reset()
-    reference.eval(prompt + out.token_ids[:-1])
-    logits = np.array(reference.scores[len(prompt) - 1: len(prompt) - 1 + len(out.token_ids)], dtype=np.float64)
+    rows = []
+    for fed in (prompt, *([t] for t in out.token_ids[:-1])):  # the logits before each generated token
+        reference.eval(fed)
+        rows.append(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(reference.ctx, -1),
+                                          shape=(reference.n_vocab(),)).copy())
+    logits = np.array(rows, dtype=np.float64)
     log_softmax = logits - logits.max(-1, keepdims=True)
     log_softmax -= np.log(np.exp(log_softmax).sum(-1, keepdims=True))
     for step, token in enumerate(out.token_ids):
