@@ -33,8 +33,8 @@ install_dependencies() {
 }
 
 # llama-cpp-python (the llama_cpp engine) ships as an sdist only: the first set-up on a machine
-# compiles llama.cpp for its CPU (GGML_NATIVE), about 25 min on a busy 2-core machine, showing the
-# compiler's progress; pip's wheel cache (~/.cache/pip) keeps the wheel, so a later set-up, a new venv
+# compiles llama.cpp for its CPU (GGML_NATIVE), minutes on idle cores and over an hour on a 2-core
+# machine shared with other work, showing the compiler's progress; pip's wheel cache (~/.cache/pip) keeps the wheel, so a later set-up, a new venv
 # or another checkout installs it in seconds. CMAKE_ARGS overrides the build options. Without a C++
 # compiler everything else still works, with a warning.
 install_llama_cpp() {
@@ -54,8 +54,8 @@ install_llama_cpp() {
     echo "[setup]          Everything works except the llama_cpp engine; install g++ and run setup.sh again" >&2
     return
   else
-    say "building llama-cpp-python $version from source (llama.cpp for this CPU); the first time takes ~25 min" \
-        "on 2 busy cores, later set-ups reuse pip's wheel cache"
+    say "building llama-cpp-python $version from source (llama.cpp for this CPU); the first time takes minutes" \
+        "on idle cores, over an hour on 2 busy ones; later set-ups reuse pip's wheel cache"
   fi
   local log start=$SECONDS
   log="$(mktemp)"
