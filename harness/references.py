@@ -75,8 +75,10 @@ def llama_cpp_reference(threads: int = 2):
     logits_all, which allocates n_ctx x vocabulary floats and made the first generation 20x slower)."""
     import llama_cpp
 
+    # Flash attention as llama-server and the llama_cpp engine run it on the CPU (llama.cpp's default
+    # "auto"; Llama's own default turns it off): without it greedy ids part on near ties.
     return llama_cpp.Llama(model_path=str(model_sources.llm_gguf_file()), n_ctx=2048, n_threads=threads,
-                           verbose=False)
+                           flash_attn=True, verbose=False)
 
 
 def llama_cpp_greedy_reference(prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
