@@ -44,7 +44,7 @@ from harness.load.unary import infer_once
 from harness.paths import RAW
 from harness.server import benchmark_server
 from harness.stats import median, percentile
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 from tritonfront.engines.base import ENGINE_THREAD_NAME
 
 TOPICS = ("the history of tea", "why cities grow", "the life of bees", "learning a second language",
@@ -268,7 +268,7 @@ def med_ratio(rounds: list[dict], a: str, b: str, key: str) -> float:
 
 def generate_phase(args, rep) -> dict:
     from tritonfront.engines import create_engine
-    from tritonfront.model_config import LLMConfig
+    from tritonfront.core.model_config import LLMConfig
 
     model_dir = model_sources.llm_model_dir()
     config = LLMConfig()
@@ -283,7 +283,7 @@ def generate_phase(args, rep) -> dict:
 
 def llama_phase(args, rep) -> dict:
     from tritonfront.engines import create_engine
-    from tritonfront.model_config import LLMConfig
+    from tritonfront.core.model_config import LLMConfig
     from harness.deploy import GENERATE_MODELS, write_deployment
 
     # llama-server -np SLOTS -c CONTEXT -t THREADS (STACK.md's run) and the same for the llama_cpp engine.
@@ -305,7 +305,7 @@ def llama_phase(args, rep) -> dict:
 
 def measure_generate(args, server, peer, engine, variants: tuple[str, str, str]) -> dict:
     """Every (max_tokens, streams) setting for tritonfront, its peer and its engine in-process."""
-    from harness.references import llm_tokenizer
+    from harness.model_tokenizers import llm_tokenizer
 
     prompts = essay_prompts(512)
     prompt_ids = [llm_tokenizer()(p).input_ids for p in prompts]

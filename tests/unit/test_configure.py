@@ -66,7 +66,7 @@ def test_several_llm_ranks_take_one_request_per_execute_and_one_rank_takes_batch
 def test_llama_cpp_ranks_each_get_the_engine_and_a_share_of_the_cores(tmp_path):
     """--dp N --engine llama_cpp: N instances, each its own engine (context, KV cache, threads); with
     num_threads 0 each rank takes cores / N threads (tests/unit/test_model_config.py)."""
-    from tritonfront.model_config import from_model_config
+    from tritonfront.core.model_config import from_model_config
 
     out = tmp_path / "deploy"
     configure.main(["--out", str(out), "--dp", "2", "--engine", "llama_cpp", "--set", "llm.kv_unified=false"])

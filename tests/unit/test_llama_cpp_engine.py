@@ -15,7 +15,7 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
 
 from harness.references import llama_cpp_greedy_reference, llama_cpp_reference  # noqa: E402
-from tritonfront import model_sources  # noqa: E402
+from tritonfront.core import model_sources  # noqa: E402
 from tritonfront.engines import EngineConfig, EngineOutput, SamplingParams, create_engine  # noqa: E402
 from tritonfront.engines.base import GuidedDecoding  # noqa: E402
 from tritonfront.errors import InvalidInput  # noqa: E402

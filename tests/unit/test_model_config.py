@@ -6,9 +6,9 @@ import pytest
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritonfront import model_config
+from tritonfront.core import model_config
 from tritonfront.engines import DTYPES, EngineConfig
-from tritonfront.model_config import (CONFIGS, PARAMETERS, RELOAD_PARAMETER, ConfigError, LLMConfig, from_model_config,
+from tritonfront.core.model_config import (CONFIGS, PARAMETERS, RELOAD_PARAMETER, ConfigError, LLMConfig, from_model_config,
                                       parse, validate)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,7 +115,7 @@ def test_engine_dtypes_are_the_ones_the_config_allows():
 
 
 def test_the_llama_cpp_engine_gets_the_gguf_and_a_share_of_the_cores(monkeypatch, tmp_path):
-    from tritonfront import model_sources
+    from tritonfront.core import model_sources
 
     monkeypatch.delenv(model_sources.LLM_MODEL_ENV, raising=False)
     config = parse("llm", {"engine": "llama_cpp", "kv_unified": "false"})
@@ -126,5 +126,6 @@ def test_the_llama_cpp_engine_gets_the_gguf_and_a_share_of_the_cores(monkeypatch
     assert parse("llm", {"engine": "llama_cpp", "num_threads": "3"}).engine_config(ranks=2).num_threads == 3
     assert parse("llm", {}).engine_config(ranks=2).gguf_file is None  # the other engines read the folder
     monkeypatch.setenv(model_sources.LLM_MODEL_ENV, str(tmp_path))
-    with pytest.raises(ValueError, match=f"{model_sources.LLM_MODEL_ENV}={tmp_path} is not a .gguf file"):
+    with pytest.raises(model_sources.ModelSourceError,
+                       match=f"{model_sources.LLM_MODEL_ENV}={tmp_path} is not a .gguf file"):
         config.engine_config()
