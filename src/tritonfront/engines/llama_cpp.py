@@ -149,6 +149,7 @@ class _Sequence:
 
 
 class LlamaCppEngine(Engine):
+    gives_top_log_probs = True  # _pick takes them from the candidates the chain leaves, as log_probs
     def __init__(self, gguf_file: Path, config: EngineConfig, tokenizer_dir: Optional[Path] = None):
         _init_backend()
         if config.max_num_seqs > llama.llama_max_parallel_sequences():
