@@ -90,10 +90,13 @@ install_into_system_python() {
 }
 
 # llama-cpp-python (the llama_cpp engine) ships as an sdist only: the first set-up on a machine
-# compiles llama.cpp for its CPU (GGML_NATIVE), minutes on idle cores and over an hour on a 2-core
-# machine shared with other work, showing the compiler's progress; pip's wheel cache (~/.cache/pip) keeps the wheel, so a later set-up, a new venv
-# or another checkout installs it in seconds. CMAKE_ARGS overrides the build options. Without a C++
-# compiler everything else still works, with a warning.
+# compiles llama.cpp for its CPU (GGML_NATIVE), showing the compiler's progress; pip's wheel cache
+# (~/.cache/pip) keeps the wheel, so a later set-up, a new venv or another checkout installs it in
+# seconds. The engine needs only libllama and ggml: LLAMA_CMAKE_ARGS leaves out llava/mtmd, the
+# tools, server, examples and tests, which the sdist would otherwise build too (18.6 min instead of
+# 98 on the shared 2-core machine, docs/usage.md). CMAKE_ARGS overrides them. Without a C++ compiler
+# everything else still works, with a warning.
+LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
 install_llama_cpp() {
   local pin version
   pin="$(grep -E '^llama-cpp-python==' "$REQUIREMENTS_LLAMA")"
@@ -112,12 +115,12 @@ install_llama_cpp() {
     return
   else
     say "building llama-cpp-python $version from source (llama.cpp for this CPU); the first time takes minutes" \
-        "on idle cores, over an hour on 2 busy ones; later set-ups reuse pip's wheel cache"
+        "(about 20 on 2 busy cores); later set-ups reuse pip's wheel cache"
   fi
   local log start=$SECONDS
   log="$(mktemp)"
   # -v shows the build's [done/total] lines; only every tenth of them reaches the terminal.
-  if ! CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DLLAMA_CURL=OFF}" \
+  if ! CMAKE_ARGS="${CMAKE_ARGS:-$LLAMA_CMAKE_ARGS}" \
        CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
        "$VENV/bin/python" -m pip install -v -r "$REQUIREMENTS_LLAMA" -c "$CONSTRAINTS" 2>&1 \
        | tee "$log" | awk '

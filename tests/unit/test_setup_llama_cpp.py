@@ -27,7 +27,7 @@ case "$1 $2 $3" in
   "-c "*sysconfig*) printf '%s\\n' "{tmp_path}/site" "{tmp_path}/lib" 3.11 ;;
   "-c "*importlib.metadata*) [ "${{INSTALLED:-}}" = "$3" ] ;;
   "-m pip cache") echo "${{CACHED:-No locally built wheels cached.}}" ;;
-  "-m pip install") echo "$@" > "{tmp_path}/pip-install"; for i in $(seq 1 40); do echo "  [$i/40] c++ -c x.cpp"; done ;;
+  "-m pip install") echo "CMAKE_ARGS=$CMAKE_ARGS $@" > "{tmp_path}/pip-install"; for i in $(seq 1 40); do echo "  [$i/40] c++ -c x.cpp"; done ;;
   *) exit 9 ;;
 esac
 ''')
@@ -63,7 +63,17 @@ def test_a_first_build_shows_its_progress_every_tenth(stand_ins):
     progress = [line for line in result.stdout.splitlines() if "compiled" in line]
     assert progress == [f"[setup]   llama.cpp compiled: {i}/40" for i in range(4, 41, 4)]
     assert f"llama-cpp-python {VERSION} installed in" in result.stdout
-    assert recorded.exists()
+    # Only libllama and ggml, for this CPU: no llava/mtmd, tools, server, examples or tests.
+    build_options = recorded.read_text().removeprefix("CMAKE_ARGS=").split(" -m pip")[0].split()
+    assert {"-DGGML_NATIVE=ON", "-DLLAVA_BUILD=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_CURL=OFF"} <= set(build_options)
+
+
+def test_cmake_args_replace_the_build_options(stand_ins):
+    run, recorded = stand_ins
+    result = run(True, CMAKE_ARGS="-DGGML_NATIVE=OFF")
+    assert result.returncode == 0, result.stderr
+    assert recorded.read_text().startswith("CMAKE_ARGS=-DGGML_NATIVE=OFF -m pip install")
 
 
 def test_an_installed_pin_is_left_alone(stand_ins):
