@@ -1,8 +1,14 @@
 """The `generate` ensemble with the llama.cpp engine (scripts/configure.py --engine llama_cpp) on a
-real tritonserver: greedy text equals llama-cpp-python's own generation on the GGUF, decoded by the
-ensemble's tokenizer; 16 concurrent streams join to their whole answers; a prompt longer than the
-context is refused naming the limit while others go on; a cancelled stream's KV cells go back
-(the llm's KV cache gauge, which the engine keeps from its sequences' cells, returns to 0)."""
+real tritonserver: greedy text of concurrent requests equals llama-cpp-python's own generation on
+the GGUF, one sequence at a time, decoded by the ensemble's tokenizer; 16 concurrent streams join to
+their whole answers; bad parameters are refused naming the input; a prompt longer than the context
+is refused naming the limit while others go on; a cancelled stream's KV cells go back (the llm's KV
+cache gauge, which the engine keeps from its sequences' cells, returns to 0).
+
+The deployment gives each sequence its own cells (kv_unified false, llama-server's -np layout):
+there a request's tokens do not depend on what shares its batches, which exact comparisons under
+concurrency need; in the unified cache they can (docs/configuration.md, "What a seed (and greedy)
+guarantees"), and tests/unit/test_llama_cpp_engine.py covers that layout."""
 import time
 
 import numpy as np
@@ -13,11 +19,13 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (scri
 from harness.clients.kserve import generate_inputs, tensor  # noqa: E402
 from harness.clients.streams import Streams, single_error  # noqa: E402
 from harness.deploy import write_deployment  # noqa: E402
-from harness.references import llama_cpp_greedy_reference, llm_tokenizer, prompt_ids  # noqa: E402
+from harness.model_tokenizers import llm_tokenizer  # noqa: E402
+from harness.references import llama_cpp_greedy_reference, prompt_ids  # noqa: E402
 from harness.server import triton_server  # noqa: E402
 from harness.triton_metrics import rank_values  # noqa: E402
 
-CONTEXT = 4096
+SEQUENCES = 16
+CONTEXT = 1024  # each sequence's cells
 MAX_TOKENS = 20
 # Not the tests' fixture prompts (harness.corpora.PROMPTS).
 CASES = [("The tallest mountain on Earth is", False), ("def reverse_string(s):", False),
@@ -29,7 +37,8 @@ CASES = [("The tallest mountain on Earth is", False), ("def reverse_string(s):",
 def server(tmp_path_factory):
     out = tmp_path_factory.mktemp("llama_cpp")
     repositories = write_deployment(out, "--engine", "llama_cpp", "--detokenizers", "2",
-                                    "--set", f"llm.kv_cache_tokens={CONTEXT}", "--set", "llm.max_num_seqs=32")
+                                    "--set", f"llm.kv_cache_tokens={SEQUENCES * CONTEXT}",
+                                    "--set", f"llm.max_num_seqs={SEQUENCES}", "--set", "llm.kv_unified=false")
     with triton_server(out / "server.log", repositories=repositories) as running:
         yield running
 
@@ -79,6 +88,21 @@ def test_16_concurrent_streams_join_to_the_whole_text(server):
         assert streamed[rid][1:] == whole[rid][1:], rid
 
 
+@pytest.mark.parametrize("inputs, named", [
+    ({"repetition_penalty": -1.0}, "repetition_penalty: -1.0 must be a finite number > 0"),
+    ({"top_p": 1.5}, "top_p: 1.5 must be in (0, 1]"),
+    ({"top_logprobs": 21}, "top_logprobs: 21 is outside 0..20"),
+    ({"guided_decoding_guide_type": "regex", "guided_decoding_guide": "[a-"}, "guided_decoding_guide: regex does not compile"),
+    ({"max_tokens": 5000}, "max_tokens: 5000 is outside 1..{room} (context of {context} tokens"),
+])
+def test_bad_parameters_are_refused_naming_the_input(server, inputs, named):
+    text = "Count to three:"
+    inputs = {"max_tokens": 8, **inputs}
+    named = named.format(room=CONTEXT - len(prompt_ids(text, chat=False)), context=CONTEXT)
+    message = single_error(server.grpc_url, generate_inputs(text, **inputs))
+    assert named in message, message
+
+
 def test_a_prompt_longer_than_the_context_is_refused_naming_the_limit(server):
     good = Streams(server.grpc_url)
     good.send("good", generate_inputs(CASES[0][0], 8, stream=True))
@@ -99,7 +123,7 @@ def test_a_cancelled_stream_gives_its_kv_cells_back(server):
     long = Streams(server.grpc_url, model="llm", final_output="is_final")
     counting = np.array([prompt_ids("1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", chat=False)], dtype=np.int32)
     long.send("long", [tensor("input_ids", counting), tensor("input_lengths", counting.shape[1]),
-                       tensor("max_tokens", 2000), tensor("stream", True)])
+                       tensor("max_tokens", CONTEXT - 64), tensor("stream", True)])
     deadline = time.monotonic() + 120
     while len(long.responses["long"]) < 5 or kv_cells() < counting.shape[1] + 4:
         assert time.monotonic() < deadline and not long.errors, (long.errors, kv_cells())
