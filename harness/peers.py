@@ -7,13 +7,18 @@ loopback port from the same model folder tritonfront serves and stopped with its
 - transformers serve: transformers' own OpenAI-compatible server on the same continuous batching
   engine as tritonfront's embedded default (STACK.md: the `serving` extra is required).
 - Infinity: a batching embedding server on torch (needs transformers < 5 and torch installed).
+- llama-server: llama.cpp's own OpenAI-compatible server, built from the llama.cpp that the pinned
+  llama-cpp-python sdist vendors (the same version as the llama_cpp engine's bindings), serving the
+  same GGUF file.
 """
 import contextlib
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -61,6 +66,72 @@ class PeerVenv:
 # transformers as tritonfront pins it; torch 2.13.0 installs from a local CPU wheel (STACK.md).
 TRANSFORMERS_SERVE = PeerVenv("transformers-serve", ("torch==2.13.0", "transformers[serving]==5.23.0", "gguf==0.19.0"))
 INFINITY = PeerVenv("infinity", ("torch==2.13.0", "infinity-emb[server,torch]==0.0.78", "transformers==4.57.6"))
+
+
+def _llama_cpp_python_pin() -> str:
+    """The llama_cpp engine's bindings as requirements-llama.txt pins them."""
+    text = (ROOT / "requirements-llama.txt").read_text()
+    match = re.search(r"^llama-cpp-python==(\S+)$", text, re.MULTILINE)
+    if match is None:
+        raise RuntimeError("requirements-llama.txt pins no llama-cpp-python version")
+    return match.group(1)
+
+
+@dataclass(frozen=True)
+class LlamaServerBuild:
+    """llama-server built once from the llama.cpp source vendored in the llama-cpp-python sdist of
+    `version` (pip downloads it), statically linked, for this CPU; output goes to a log."""
+    version: str
+
+    @property
+    def path(self) -> Path:
+        return PEERS_DIR / f"llama-server-{self.version}"
+
+    @property
+    def binary(self) -> Path:
+        return self.path / "build" / "bin" / "llama-server"
+
+    def ensure(self) -> Path:
+        if self.binary.exists():
+            return self.binary
+        self.path.mkdir(parents=True, exist_ok=True)
+        log = PEERS_DIR / f"llama-server-{self.version}.build.log"
+        source = self.path / "llama.cpp"
+        with open(log, "w") as out:
+            if not (source / "CMakeLists.txt").exists():
+                self._extract_vendored_source(source, out)
+            build = self.path / "build"
+            # No network at build time: no prebuilt web UI download, no curl, no OpenSSL.
+            steps = [["cmake", "-S", str(source), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                      "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+                      "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                      "-DLLAMA_BUILD_EXAMPLES=OFF"],
+                     ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 1)]]
+            for step in steps:
+                done = subprocess.run(step, stdout=out, stderr=out)
+                if done.returncode:
+                    raise RuntimeError(f"building llama-server failed (exit {done.returncode}): see {log}")
+        return self.binary
+
+    def _extract_vendored_source(self, source: Path, out) -> None:
+        sdists = self.path / "sdist"
+        fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                                  f"llama-cpp-python=={self.version}", "-d", str(sdists)], stdout=out, stderr=out)
+        if fetched.returncode:
+            raise RuntimeError(f"pip could not download the llama-cpp-python {self.version} sdist "
+                               f"(exit {fetched.returncode})")
+        (archive,) = sdists.glob(f"llama_cpp_python-{self.version}.tar.gz")
+        partial = source.with_name(f"{source.name}.partial")
+        with tarfile.open(archive) as tar:
+            prefix = f"llama_cpp_python-{self.version}/vendor/llama.cpp/"
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+            for member in members:
+                member.name = member.name[len(prefix):]
+            tar.extractall(partial, members=[m for m in members if m.name], filter="data")
+        partial.rename(source)
+
+
+LLAMA_SERVER = LlamaServerBuild(_llama_cpp_python_pin())
 
 
 @dataclass
@@ -133,4 +204,19 @@ def infinity(model_dir: Path, log_path: Path, batch_size: int = 32, timeout: flo
                "--device", "cpu", "--port", str(port), "--batch-size", str(batch_size), "--host", "127.0.0.1"]
     with _running("infinity", command, log_path, f"http://127.0.0.1:{port}/models", "", port, timeout) as peer:
         peer.model = json.loads(_get(f"{peer.url}/models")[1])["data"][0]["id"]
+        yield peer
+
+
+@contextlib.contextmanager
+def llama_server(gguf_file: Path, log_path: Path, parallel: int, context_tokens: int, threads: int,
+                 unified: bool = False, timeout: float = 300) -> Iterator[Peer]:
+    """llama.cpp's server on the GGUF with `parallel` slots, a KV cache of `context_tokens` (split
+    evenly between the slots, its default with -np, unless `unified`) and `threads` threads, as
+    STACK.md runs it."""
+    binary = LLAMA_SERVER.ensure()
+    (port,) = free_ports(1)
+    command = [str(binary), "-m", str(gguf_file), "-np", str(parallel), "-c", str(context_tokens), "-t", str(threads),
+               "--kv-unified" if unified else "--no-kv-unified", "--host", "127.0.0.1", "--port", str(port)]
+    with _running("llama-server", command, log_path, f"http://127.0.0.1:{port}/health", gguf_file.name, port,
+                  timeout) as peer:
         yield peer

@@ -1,6 +1,7 @@
 """What the server's answers are compared with: sentence-transformers on the same embedding
-folder, and transformers' tokenizer and greedy `generate` on the same LLM folder. Models load
-once per process."""
+folder, transformers' tokenizer and greedy `generate` on the same LLM folder, and llama-cpp-python's
+own greedy generation on the LLM's GGUF (the llama_cpp engine's reference). Models load once per
+process."""
 import functools
 import os
 import warnings
@@ -60,3 +61,34 @@ def greedy_reference(prompts: list[list[int]], max_tokens: int) -> list[list[int
     with torch.inference_mode():
         return [model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False)[0, len(ids):].tolist()
                 for ids in prompts]
+
+
+@functools.lru_cache(maxsize=None)
+def llama_cpp_reference(threads: int = 2):
+    """llama-cpp-python's high-level Llama on the bundled GGUF, one sequence at a time (without
+    logits_all, which allocates n_ctx x vocabulary floats and made the first generation 20x slower)."""
+    import llama_cpp
+
+    # Flash attention as llama-server and the llama_cpp engine run it on the CPU (llama.cpp's default
+    # "auto"; Llama's own default turns it off): without it greedy ids part on near ties.
+    return llama_cpp.Llama(model_path=str(model_sources.llm_gguf_file()), n_ctx=2048, n_threads=threads,
+                           flash_attn=True, verbose=False)
+
+
+def llama_cpp_greedy_reference(prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Llama.generate, greedy, one prompt at a time; the generated ids (the end token included if
+    reached: any of llama.cpp's end-of-generation tokens)."""
+    import llama_cpp
+
+    llm = llama_cpp_reference()
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    results = []
+    for ids in prompts:
+        out = []
+        llm.reset()  # no reuse of a previous prompt's cache: every prompt computed from scratch
+        for token in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+            out.append(int(token))
+            if llama_cpp.llama_vocab_is_eog(vocab, token) or len(out) == max_tokens:
+                break
+        results.append(out)
+    return results

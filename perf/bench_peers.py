@@ -10,6 +10,12 @@ tokens/s counts the tokens that arrived inside the measurement window; TTFT from
 the gap between a stream's consecutive tokens. Streams still running at the end of the window are
 cancelled and every server is idle again before the next measurement.
 
+llama: the `generate` ensemble with the llama_cpp engine (scripts/configure.py --engine llama_cpp) vs
+llama.cpp's own `llama-server` (built from the llama.cpp that the pinned llama-cpp-python sdist
+vendors: the same version as the engine's bindings), on the same GGUF, with the same slots, KV cache
+(split per slot, llama-server's default with -np) and threads, the same streaming closed loops over
+/v1/completions; and the llama_cpp engine alone in-process (the ceiling).
+
 embed: the `embed` ensemble (tritonclient gRPC, and KServe HTTP) vs Infinity (its torch engine,
 batch size 32, OpenAI-style /embeddings over HTTP), the same MiniLM folder: closed loops of N
 clients sending single texts of ~90 and ~400 tokens, and client batches of 32 texts.
@@ -47,6 +53,8 @@ TOPICS = ("the history of tea", "why cities grow", "the life of bees", "learning
           "music and memory", "the desert after rain", "how maps are made", "a day in a lighthouse")
 TF, TS, CEILING = "tritonfront", "transformers serve", "engine in-process"
 TF_GRPC, TF_HTTP, INFINITY = "tritonfront gRPC", "tritonfront HTTP", "Infinity"
+TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING = "tritonfront (llama_cpp)", "llama-server", "llama_cpp engine in-process"
+PEER_VARIANTS = (TS, LLAMA_SERVER)
 
 
 def essay_prompts(count: int, seed: int = 0) -> list[str]:
@@ -123,13 +131,14 @@ async def run_tritonfront(server, prompts, streams: int, max_tokens: int, durati
     return stream_measure(records, start, end, after[0] - before[0], after[1] - before[1])
 
 
-async def run_transformers_serve(peer, prompts, streams: int, max_tokens: int, duration: float, meter: CpuMeter):
+async def run_openai_peer(peer, prompts, streams: int, max_tokens: int, duration: float, meter: CpuMeter):
+    """transformers serve or llama-server: streamed /v1/completions in a closed loop."""
     body = lambda n: {"model": peer.model, "prompt": prompts[n % len(prompts)], "max_tokens": max_tokens,  # noqa
                       "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
     before = meter.read()
     start = time.perf_counter()
     records = await http_api.stream_closed_loop(f"{peer.url}/v1/completions", body, streams, duration,
-                                                drain_timeout=0.0)
+                                                drain_timeout=0.0, force_close=peer.name == "llama-server")
     end = time.perf_counter()
     after = meter.read()
     return stream_measure(records, start, end, after[0] - before[0])
@@ -260,29 +269,57 @@ def med_ratio(rounds: list[dict], a: str, b: str, key: str) -> float:
 def generate_phase(args, rep) -> dict:
     from tritonfront.engines import create_engine
     from tritonfront.core.model_config import LLMConfig
-    from harness.model_tokenizers import llm_tokenizer
 
     model_dir = model_sources.llm_model_dir()
-    prompts = essay_prompts(512)
-    prompt_ids = [llm_tokenizer()(p).input_ids for p in prompts]
     config = LLMConfig()
-    results = {}
     with ExitStack() as stack:
         server = stack.enter_context(benchmark_server("bench_peers_generate", ["generate"]))
         peer = stack.enter_context(peers.transformers_serve(model_dir, RAW / "bench_peers.transformers_serve.log",
                                                             kv_cache_tokens=config.kv_cache_tokens))
         engine = create_engine("hf", model_dir, "cpu", config.engine_config())
         stack.callback(engine.shutdown)
-        tf_meter = CpuMeter(server.pid, lambda: llm_stub_pid(server))
-        ts_meter = CpuMeter(peer.pid)
-        warm_up(server, peer, prompts)
-        for max_tokens in args.max_tokens:
-            for streams in args.streams:
-                label = f"generate max_tokens {max_tokens} streams {streams}"
-                results[(max_tokens, streams)] = rounds_of(
-                    lambda v: run_variant(v, server, peer, engine, prompts, prompt_ids, streams, max_tokens,
-                                          args.generate_duration, tf_meter, ts_meter),
-                    [TF, TS, CEILING], args.rounds, label)
+        return measure_generate(args, server, peer, engine, (TF, TS, CEILING))
+
+
+def llama_phase(args, rep) -> dict:
+    from tritonfront.engines import create_engine
+    from tritonfront.core.model_config import LLMConfig
+    from harness.deploy import GENERATE_MODELS, write_deployment
+
+    # llama-server -np SLOTS -c CONTEXT -t THREADS (STACK.md's run) and the same for the llama_cpp engine.
+    settings = {"engine": "llama_cpp", "max_num_seqs": args.llama_slots, "kv_cache_tokens": args.llama_context,
+                "kv_unified": "false", "num_threads": args.llama_threads}
+    repositories = write_deployment(RAW / "bench_peers_llama_deployment", "--engine", "llama_cpp",
+                                    *(f"--set=llm.{k}={v}" for k, v in settings.items() if k != "engine"),
+                                    keep=GENERATE_MODELS)
+    with ExitStack() as stack:
+        server = stack.enter_context(benchmark_server("bench_peers_llama", ["generate"], repositories=repositories))
+        peer = stack.enter_context(peers.llama_server(model_sources.llm_gguf_file(), RAW / "bench_peers.llama_server.log",
+                                                      parallel=args.llama_slots, context_tokens=args.llama_context,
+                                                      threads=args.llama_threads))
+        config = LLMConfig(**{k: v for k, v in settings.items()})
+        engine = create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu", config.engine_config())
+        stack.callback(engine.shutdown)
+        return measure_generate(args, server, peer, engine, (TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING))
+
+
+def measure_generate(args, server, peer, engine, variants: tuple[str, str, str]) -> dict:
+    """Every (max_tokens, streams) setting for tritonfront, its peer and its engine in-process."""
+    from harness.model_tokenizers import llm_tokenizer
+
+    prompts = essay_prompts(512)
+    prompt_ids = [llm_tokenizer()(p).input_ids for p in prompts]
+    tf_meter = CpuMeter(server.pid, lambda: llm_stub_pid(server))
+    peer_meter = CpuMeter(peer.pid)
+    warm_up(server, peer, prompts)
+    results = {}
+    for max_tokens in args.max_tokens:
+        for streams in args.streams:
+            label = f"{variants[0]} max_tokens {max_tokens} streams {streams}"
+            results[(max_tokens, streams)] = rounds_of(
+                lambda v: run_variant(v, server, peer, engine, prompts, prompt_ids, streams, max_tokens,
+                                      args.generate_duration, tf_meter, peer_meter),
+                list(variants), args.rounds, label)
     return results
 
 
@@ -299,24 +336,24 @@ def warm_up(server, peer, prompts, passes: int = 3, streams: int = 8, max_tokens
                     for p in prompts[:streams]]
             await asyncio.wait_for(asyncio.gather(*(d.wait() for d in done)), 600)
             await pool.close(1)
-            async with http_api.session() as client:
+            async with http_api.session(force_close=peer.name == "llama-server") as client:
                 records = await asyncio.gather(*(http_api.stream_completion(
                     client, f"{peer.url}/v1/completions",
                     {"model": peer.model, "prompt": p, "max_tokens": max_tokens, "temperature": 0.0, "stream": True},
                     streaming.Record({}, now)) for p in prompts[:streams]))
             failed = [r.error for r in records if not r.ok]
             if failed:
-                raise RuntimeError(f"transformers serve did not answer the warm-up: {failed[0]}")
+                raise RuntimeError(f"{peer.name} did not answer the warm-up: {failed[0]}")
 
     asyncio.run(both())
 
 
 def run_variant(variant, server, peer, engine, prompts, prompt_ids, streams, max_tokens, duration, tf_meter,
-                ts_meter) -> Measure:
-    if variant == TF:
+                peer_meter) -> Measure:
+    if variant in (TF, TF_LLAMA):
         measured = asyncio.run(run_tritonfront(server, prompts, streams, max_tokens, duration, tf_meter))
-    elif variant == TS:
-        measured = asyncio.run(run_transformers_serve(peer, prompts, streams, max_tokens, duration, ts_meter))
+    elif variant in PEER_VARIANTS:
+        measured = asyncio.run(run_openai_peer(peer, prompts, streams, max_tokens, duration, peer_meter))
     else:
         measured = run_ceiling(engine, prompt_ids, streams, max_tokens, duration)
     wait_quiet([server.pid, peer.pid])
@@ -357,37 +394,44 @@ def embed_phase(args, rep) -> dict:
     return results
 
 
-def generate_report(rep, results: dict) -> list[str]:
+# (tritonfront, peer, ceiling), the peer's name in the text, and the targets: tok/s ratio at least, TTFT P99
+# ratio at most.
+GENERATE_PAIRS = {"generate": ((TF, TS, CEILING), "transformers serve", 1.2, 1.0),
+                  "llama": ((TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING), "llama-server", 1.0, 1.1)}
+
+
+def generate_report(rep, results: dict, pair: str = "generate") -> list[str]:
+    (tf, other, ceiling), other_name, tok_target, ttft_target = GENERATE_PAIRS[pair]
     rows, summary = [], []
     for (max_tokens, streams), rounds in results.items():
-        for variant in (TF, TS, CEILING):
+        for variant in (tf, other, ceiling):
             rows.append([max_tokens, streams, variant, med(rounds, variant, "rate"), med(rounds, variant, "ttft_p50"),
                          med(rounds, variant, "ttft_p99"), med(rounds, variant, "itl_p50"),
                          med(rounds, variant, "cpu_per_unit_ms"),
-                         med(rounds, variant, "engine_cpu_per_unit_ms") if variant != TS else "",
-                         med(rounds, variant, "front_cpu_per_unit_ms") if variant == TF else "",
+                         med(rounds, variant, "engine_cpu_per_unit_ms") if variant != other else "",
+                         med(rounds, variant, "front_cpu_per_unit_ms") if variant == tf else "",
                          sum(r[variant].failed for r in rounds)])
-    rep.add("### generate: medians over rounds\n\n" + report.table(
+    rep.add(f"### {pair}: medians over rounds\n\n" + report.table(
         ["max_tokens", "streams", "server", "output tok/s", "TTFT P50 ms", "TTFT P99 ms", "ITL P50 ms",
          "CPU ms / token", "engine CPU ms / token", "front-end CPU ms / token", "failed"], rows))
     ratio_rows = []
     for (max_tokens, streams), rounds in results.items():
-        tok = med_ratio(rounds, TF, TS, "rate")
-        ttft = med_ratio(rounds, TF, TS, "ttft_p99")
-        itl = med_ratio(rounds, TF, TS, "itl_p50")
-        front = median(r[TF].front_cpu_per_unit_ms / r[TF].engine_cpu_per_unit_ms for r in rounds)
-        ceiling = med_ratio(rounds, TF, CEILING, "rate")
-        ratio_rows.append([max_tokens, streams, tok, ttft, itl, front, ceiling])
+        tok = med_ratio(rounds, tf, other, "rate")
+        ttft = med_ratio(rounds, tf, other, "ttft_p99")
+        itl = med_ratio(rounds, tf, other, "itl_p50")
+        front = median(r[tf].front_cpu_per_unit_ms / r[tf].engine_cpu_per_unit_ms for r in rounds)
+        in_process = med_ratio(rounds, tf, ceiling, "rate")
+        ratio_rows.append([max_tokens, streams, tok, ttft, itl, front, in_process])
         if streams >= 16:
-            summary.append(f"generate {max_tokens} tokens, {streams} streams: tok/s "
-                           f"{report.verdict(tok, 1.2)} of transformers serve")
-        summary.append(f"generate {max_tokens} tokens, {streams} streams: TTFT P99 "
-                       f"{report.verdict(ttft, 1.0, at_most=True)}, ITL P50 {report.verdict(itl, 1.0, at_most=True)} "
-                       f"of transformers serve; front-end CPU {front:.0%} of the engine's (target <= 15%: "
-                       f"{'met' if front <= 0.15 else 'MISSED'})")
-    rep.add("### generate: tritonfront / transformers serve (median of per-round ratios)\n\n" + report.table(
-        ["max_tokens", "streams", "tok/s ratio (>= 1.2 at 16, 64)", "TTFT P99 ratio (<= 1)", "ITL P50 ratio (<= 1)",
-         "front-end / engine CPU (<= 0.15)", "tok/s / engine in-process"], ratio_rows))
+            summary.append(f"{pair} {max_tokens} tokens, {streams} streams: tok/s "
+                           f"{report.verdict(tok, tok_target)} of {other_name}")
+        summary.append(f"{pair} {max_tokens} tokens, {streams} streams: TTFT P99 "
+                       f"{report.verdict(ttft, ttft_target, at_most=True)}, ITL P50 "
+                       f"{report.verdict(itl, 1.0, at_most=True)} of {other_name}; front-end CPU {front:.0%} of the "
+                       f"engine's (target <= 15%: {'met' if front <= 0.15 else 'MISSED'})")
+    rep.add(f"### {pair}: {tf} / {other_name} (median of per-round ratios)\n\n" + report.table(
+        ["max_tokens", "streams", f"tok/s ratio (>= {tok_target:g} at 16, 64)", f"TTFT P99 ratio (<= {ttft_target:g})",
+         "ITL P50 ratio (<= 1)", "front-end / engine CPU (<= 0.15)", f"tok/s / {ceiling}"], ratio_rows))
     return summary
 
 
@@ -423,13 +467,14 @@ def embed_report(rep, results: dict) -> list[str]:
     return summary
 
 
-def plot(generate: dict, embed: dict):
+def plot(generate: dict, embed: dict, llama: dict):
     fig, axes = report.plt.subplots(1, 2, figsize=(13, 4.5))
-    for max_tokens in sorted({m for m, _ in generate}):
-        for variant, style in ((TF, "-o"), (TS, "--s"), (CEILING, ":^")):
-            points = sorted((s, med(r, variant, "rate")) for (m, s), r in generate.items() if m == max_tokens)
-            if points:
-                axes[0].plot(*zip(*points), style, label=f"{variant}, {max_tokens} tokens")
+    for results, variants in ((generate, (TF, TS, CEILING)), (llama, (TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING))):
+        for max_tokens in sorted({m for m, _ in results}):
+            for variant, style in zip(variants, ("-o", "--s", ":^")):
+                points = sorted((s, med(r, variant, "rate")) for (m, s), r in results.items() if m == max_tokens)
+                if points:
+                    axes[0].plot(*zip(*points), style, label=f"{variant}, {max_tokens} tokens")
     axes[0].set(xscale="log", xlabel="concurrent streams", ylabel="output tokens/s", title="generate")
     for tokens in sorted({t for t, b, _ in embed if b == 1}):
         for variant, style in ((TF_GRPC, "-o"), (TF_HTTP, "-.x"), (INFINITY, "--s")):
@@ -445,23 +490,31 @@ def plot(generate: dict, embed: dict):
 
 def main() -> None:
     args, rep = report.start(
-        __doc__, "bench_peers", "tritonfront vs transformers serve (generate) and Infinity (embed)",
+        __doc__, "bench_peers", "tritonfront vs transformers serve (generate), llama-server (llama) and Infinity (embed)",
         rounds=3, streams=[1, 4, 16, 64], max_tokens=[64, 256], generate_duration=(30.0, "seconds per measurement"),
         text_tokens=[90, 400], clients=[1, 16, 64, 256], batch=(32, "texts per request in the batched setting"),
         batch_clients=[1, 4], embed_duration=(15.0, "seconds per measurement"),
-        only=(None, "generate or embed: run one phase", {"choices": ["generate", "embed"]}))
+        llama_slots=(64, "llama-server -np and the llama_cpp engine's max_num_seqs"),
+        llama_context=(32768, "llama-server -c and the llama_cpp engine's kv_cache_tokens (split per slot)"),
+        llama_threads=(2, "llama-server -t and the llama_cpp engine's num_threads"),
+        only=(None, "generate, llama or embed: run one phase", {"choices": ["generate", "llama", "embed"]}))
     generate = generate_phase(args, rep) if args.only in (None, "generate") else {}
+    llama = llama_phase(args, rep) if args.only in (None, "llama") else {}
     embed = embed_phase(args, rep) if args.only in (None, "embed") else {}
-    report.write_raw("bench_peers", {"generate": {str(k): [{v: m.__dict__ for v, m in r.items()} for r in rounds]
-                                                  for k, rounds in generate.items()},
-                                     "embed": {str(k): [{v: m.__dict__ for v, m in r.items()} for r in rounds]
-                                               for k, rounds in embed.items()}})
+    report.write_raw("bench_peers", {phase: {str(k): [{v: m.__dict__ for v, m in r.items()} for r in rounds]
+                                             for k, rounds in results.items()}
+                                     for phase, results in (("generate", generate), ("llama", llama),
+                                                            ("embed", embed))})
     rep.add(f"{args.rounds} rounds per setting, variants alternating; generate windows {args.generate_duration:g} s, "
             f"embed windows {args.embed_duration:g} s. transformers serve runs with tritonfront's KV cache size "
-            "(--cb-num-blocks); otherwise both servers and Infinity run on their defaults.\n")
-    summary = (generate_report(rep, generate) if generate else []) + (embed_report(rep, embed) if embed else [])
+            "(--cb-num-blocks); llama-server and the llama_cpp engine run with the same slots, KV cache and threads "
+            f"({args.llama_slots}, {args.llama_context}, {args.llama_threads}); otherwise the servers and Infinity run "
+            "on their defaults.\n")
+    summary = ((generate_report(rep, generate) if generate else []) + (generate_report(rep, llama, "llama") if llama
+                                                                         else [])
+               + (embed_report(rep, embed) if embed else []))
     rep.add("## Summary\n\n" + "\n".join(f"- {line}" for line in summary))
-    rep.write(plot(generate, embed))
+    rep.write(plot(generate, embed, llama))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,8 @@ fi
 TRITONFRONT_DEV="${TRITONFRONT_DEV:-1}"
 if [ "$TRITONFRONT_DEV" = 1 ] && [ "$VENV" != none ]; then PIP_REQUIREMENTS+=(-r "$TRITONFRONT_ROOT/requirements-dev.txt"); fi
 REQUIREMENTS_MODELS="$TRITONFRONT_ROOT/requirements-models.txt"
+# Built from source (an sdist), so installed apart from the others: scripts/setup.sh install_llama_cpp.
+REQUIREMENTS_LLAMA="$TRITONFRONT_ROOT/requirements-llama.txt"
 if [ -n "${TRITONFRONT_TRITON_HOME:-}" ]; then TRITONFRONT_TORCH="${TRITONFRONT_TORCH:-pypi}"; fi
 TRITONFRONT_TORCH="${TRITONFRONT_TORCH:-cpu}"
 TORCH_CPU_INDEX="${TRITONFRONT_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"

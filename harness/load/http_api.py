@@ -20,9 +20,11 @@ from .schedule import closed_loop
 from .streaming import UNFINISHED, Record
 
 
-def session(timeout_s: float = 600) -> aiohttp.ClientSession:
-    """No connection limit: a closed loop of N clients holds N connections."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+def session(timeout_s: float = 600, force_close: bool = False) -> aiohttp.ClientSession:
+    """No connection limit: a closed loop of N clients holds N connections. `force_close`: a new
+    connection per request, for servers that close theirs after a stream (llama-server: reusing
+    them failed ~45% of requests with "Can not write request body", STACK.md)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=force_close),
                                  timeout=aiohttp.ClientTimeout(total=timeout_s))
 
 
@@ -77,12 +79,12 @@ async def stream_completion(client: aiohttp.ClientSession, url: str, body: dict,
 
 
 async def stream_closed_loop(url: str, make_body: Callable[[int], dict], concurrency: int, duration: float, *,
-                             drain_timeout: Optional[float] = None) -> list[Record]:
+                             drain_timeout: Optional[float] = None, force_close: bool = False) -> list[Record]:
     """Records of every request a closed loop of `concurrency` streams sent within `duration`; a
     stream still running `drain_timeout` after the end is cancelled (its record keeps what arrived)."""
     check_loopback(url.split("//", 1)[-1])
     records: list[Record] = []
-    async with session() as client:
+    async with session(force_close=force_close) as client:
         async def send(number: int, now: float) -> Record:
             record = Record({"number": number}, now)
             records.append(record)

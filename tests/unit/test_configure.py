@@ -34,6 +34,8 @@ def refused(capsys, tmp_path, *args) -> str:
     (["--encoders", "two"], "argument --encoders: 'two' is not an integer"),
     (["--gpus", "0,0"], "GPU indices must be distinct integers >= 0"),
     (["--gpus", "0", "--dp", "2"], "--dp is the number of GPUs when --gpus is given"),
+    (["--engine", "llama.cpp"], "argument --engine: invalid choice: 'llama.cpp'"),
+    (["--set", "llm.kv_unified=no"], "parameter kv_unified: 'no' is not allowed; it must be one of true, false"),
 ])
 def test_refuses_and_names_what_is_wrong(capsys, tmp_path, args, message):
     assert message in refused(capsys, tmp_path, *args)
@@ -59,3 +61,20 @@ def test_several_llm_ranks_take_one_request_per_execute_and_one_rank_takes_batch
     dp1 = configure.load(tmp_path / "dp1" / "model_repository" / "llm" / "config.pbtxt")
     assert list(dp2.dynamic_batching.preferred_batch_size) == [1]
     assert list(dp1.dynamic_batching.preferred_batch_size) == []
+
+
+def test_llama_cpp_ranks_each_get_the_engine_and_a_share_of_the_cores(tmp_path):
+    """--dp N --engine llama_cpp: N instances, each its own engine (context, KV cache, threads); with
+    num_threads 0 each rank takes cores / N threads (tests/unit/test_model_config.py)."""
+    from tritonfront.core.model_config import from_model_config
+
+    out = tmp_path / "deploy"
+    configure.main(["--out", str(out), "--dp", "2", "--engine", "llama_cpp", "--set", "llm.kv_unified=false"])
+    llm = configure.load(out / "model_repository" / "llm" / "config.pbtxt")
+    assert llm.instance_group[0].count == 2 and list(llm.dynamic_batching.preferred_batch_size) == [1]
+    assert llm.parameters["engine"].string_value == "llama_cpp"
+    config = from_model_config("llm", {"name": "llm", "max_batch_size": 64,
+                                       "model_transaction_policy": {"decoupled": True},
+                                       "parameters": {k: {"string_value": v.string_value}
+                                                      for k, v in llm.parameters.items()}})
+    assert config.engine == "llama_cpp" and config.kv_unified == "false" and config.num_threads == 0

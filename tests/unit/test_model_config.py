@@ -47,8 +47,10 @@ def test_configs_are_frozen():
 
 
 @pytest.mark.parametrize("kind, name, value, message", [
-    ("llm", "engine", "vllm", "parameter engine: 'vllm' is not allowed; it must be one of hf, tensorrt_llm "
-                              "(default 'hf')"),
+    ("llm", "engine", "vllm", "parameter engine: 'vllm' is not allowed; it must be one of hf, tensorrt_llm, "
+                              "llama_cpp (default 'hf')"),
+    ("llm", "kv_unified", "yes", "parameter kv_unified: 'yes' is not allowed; it must be one of true, false "
+                                 "(default 'true')"),
     ("llm", "dtype", "fp8", f"parameter dtype: 'fp8' is not allowed; it must be one of {', '.join(DTYPES)}"),
     ("llm", "kv_cache_tokens", "-1", "parameter kv_cache_tokens: '-1' is not allowed; it must be an integer >= 0 "
                                      "(default 32768)"),
@@ -109,4 +111,21 @@ def test_engine_dtypes_are_the_ones_the_config_allows():
     from tritonfront.engines.hf import TORCH_DTYPES
 
     assert ("auto", *TORCH_DTYPES) == DTYPES == PARAMETERS["llm"]["dtype"].choices
-    assert model_config.PARAMETERS["llm"]["engine"].choices == ("hf", "tensorrt_llm")
+    assert model_config.PARAMETERS["llm"]["engine"].choices == ("hf", "tensorrt_llm", "llama_cpp")
+
+
+def test_the_llama_cpp_engine_gets_the_gguf_and_a_share_of_the_cores(monkeypatch, tmp_path):
+    from tritonfront.core import model_sources
+
+    monkeypatch.delenv(model_sources.LLM_MODEL_ENV, raising=False)
+    config = parse("llm", {"engine": "llama_cpp", "kv_unified": "false"})
+    monkeypatch.setattr(model_config.os, "cpu_count", lambda: 8)
+    engine_config = config.engine_config(ranks=2)
+    assert engine_config.gguf_file == str(model_sources.default_llm_model())
+    assert engine_config.num_threads == 4 and engine_config.kv_unified is False
+    assert parse("llm", {"engine": "llama_cpp", "num_threads": "3"}).engine_config(ranks=2).num_threads == 3
+    assert parse("llm", {}).engine_config(ranks=2).gguf_file is None  # the other engines read the folder
+    monkeypatch.setenv(model_sources.LLM_MODEL_ENV, str(tmp_path))
+    with pytest.raises(model_sources.ModelSourceError,
+                       match=f"{model_sources.LLM_MODEL_ENV}={tmp_path} is not a .gguf file"):
+        config.engine_config()

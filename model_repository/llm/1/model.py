@@ -16,9 +16,9 @@ class TritonPythonModel:
     def initialize(self, args):
         self.config = config = glue.load_config(args, "llm")
         device = devices.configure_torch(args, config.num_threads)
-        self.engine = create_engine(config.engine, model_sources.model_dir(config.model_source), device,
-                                    config.engine_config())
         rank, ranks = devices.instance_rank(args)
+        self.engine = create_engine(config.engine, model_sources.model_dir(config.model_source), device,
+                                    config.engine_config(ranks))
         # The stub's parent is tritonserver: a table per model per server.
         self.table = balancing.LoadTable.for_model(args["model_name"], rank, ranks, server_pid=os.getppid())
         self.gate = None

@@ -10,6 +10,7 @@ code relies on (decoupled or not, ordered batches) is checked at the same time.
 for tools that write configs (scripts/configure.py).
 """
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Optional
 
@@ -121,7 +122,8 @@ class LLMConfig(Config):
 
     model_source: str = _model_source("llm")
     engine: str = _parameter("hf", "hf: transformers continuous batching (embedded default); tensorrt_llm: "
-                                   "TensorRT-LLM's LLM API on KIND_GPU instances", choices=ENGINES)
+                                   "TensorRT-LLM's LLM API on KIND_GPU instances; llama_cpp: llama.cpp on the GGUF "
+                                   "as it ships (CPU)", choices=ENGINES)
     balancing: str = _parameter("tokens", "tokens: an instance takes new requests only while no other rank has "
                                           "fewer outstanding tokens; none: Triton's own placement",
                                 choices=BALANCING_MODES)
@@ -136,22 +138,36 @@ class LLMConfig(Config):
               "(sooner when later chunks of other streams were); keep it above the detokenizer's queue timeout, "
               "so a chunk still waiting there is never taken for lost", minimum=1)
     kv_cache_tokens: int = _parameter(32768, "KV cache size in tokens per rank; 0 sizes it from free memory "
-                                             "(on a GPU)", minimum=0)
+                                             "(on a GPU), or with llama_cpp from the model's training context",
+                                      minimum=0)
+    kv_unified: str = _parameter("true", "llama_cpp: true, one KV cache any sequence may fill up to the context; false, "
+                                         "kv_cache_tokens split evenly between max_num_seqs sequences (each one's "
+                                         "context), attention over a sequence's own cells only (llama-server's -np)",
+                                 choices=("true", "false"))
     max_batch_tokens: int = _parameter(512, "tokens in one forward pass: bounds the prefill chunk a long prompt "
                                             "is split into", minimum=1)
     dtype: str = _parameter("auto", "weights and activations; auto: float32 on CPU, bfloat16 on GPU", choices=DTYPES)
     attention: str = _parameter("varlen", "hf engine: varlen, attention request by request over the paged KV cache on "
                                           "the CPU; sdpa, transformers' packed attention (quadratic in the batch)",
                                 choices=ATTENTIONS)
-    num_threads: int = _num_threads(0)
+    num_threads: int = _parameter(0, "compute threads per instance (torch intra-op threads; llama.cpp's threads with "
+                                     "engine llama_cpp); 0: one per core, with llama_cpp split between the ranks",
+                                  minimum=0)
     exclude_input_in_output: str = _parameter(
         "false", "for requests that do not send exclude_input_in_output: true, a whole answer is its generated "
                  "text; false, the prompt and then the answer (TensorRT-LLM's tensorrt_llm parameter and default)",
         choices=("true", "false"))
 
-    def engine_config(self) -> EngineConfig:
+    def engine_config(self, ranks: int = 1) -> EngineConfig:
+        """`ranks`: the model's instances on this machine, which share its cores."""
+        gguf_file, num_threads = None, self.num_threads
+        if self.engine == "llama_cpp":  # the others read the model folder, and torch's threads are set apart
+            gguf_file = str(model_sources.gguf_file(self.model_source))
+            num_threads = num_threads or max(1, (os.cpu_count() or 1) // ranks)
         return EngineConfig(max_num_seqs=self.max_num_seqs, kv_cache_tokens=self.kv_cache_tokens,
-                            max_batch_tokens=self.max_batch_tokens, dtype=self.dtype, attention=self.attention)
+                            max_batch_tokens=self.max_batch_tokens, dtype=self.dtype, attention=self.attention,
+                            num_threads=num_threads, gguf_file=gguf_file,
+                            kv_unified=self.kv_unified == "true")
 
 
 @dataclass(frozen=True)

@@ -46,14 +46,29 @@ def llm_model_dir() -> Path:
     return gguf_to_hf_folder(source) if source.suffix == ".gguf" else source
 
 
+def llm_gguf_file() -> Path:
+    """The LLM's GGUF file itself, for an engine that runs it as it ships (llama_cpp)."""
+    source = _resolve(os.environ.get(LLM_MODEL_ENV) or str(default_llm_model()), LLM_MODEL_ENV)
+    if source.suffix != ".gguf":
+        raise ModelSourceError(f"{LLM_MODEL_ENV}={source} is not a .gguf file, which the llama_cpp engine loads")
+    return source
+
+
 # The `model_source` parameter of a model's config.pbtxt names one of these.
 SOURCES = {"embed": embed_model_dir, "llm": llm_model_dir}
+GGUF_SOURCES = {"llm": llm_gguf_file}
 
 
 def model_dir(source: str) -> Path:
     if source not in SOURCES:
         raise ValueError(f"model_source must be one of {sorted(SOURCES)}, got {source!r}")
     return SOURCES[source]()
+
+
+def gguf_file(source: str) -> Path:
+    if source not in GGUF_SOURCES:
+        raise ValueError(f"model_source {source!r} has no GGUF file; ones that do: {sorted(GGUF_SOURCES)}")
+    return GGUF_SOURCES[source]()
 
 
 def gguf_to_hf_folder(gguf_file: Path) -> Path:

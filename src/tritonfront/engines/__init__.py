@@ -1,13 +1,13 @@
 """In-flight batching engines behind the `llm` model, chosen by its `engine` parameter.
 
 Each engine module is imported only when chosen: TensorRT-LLM is not installed where the
-transformers engine runs, and the reverse need not hold either.
+transformers engine runs, and the reverse need not hold either (nor llama-cpp-python).
 """
 from pathlib import Path
 
 from .base import ATTENTIONS, DTYPES, Engine, EngineConfig, EngineOutput, SamplingParams
 
-ENGINES = ("hf", "tensorrt_llm")
+ENGINES = ("hf", "tensorrt_llm", "llama_cpp")
 
 
 def create_engine(name: str, model_dir: Path, device: str, config: EngineConfig) -> Engine:
@@ -19,6 +19,13 @@ def create_engine(name: str, model_dir: Path, device: str, config: EngineConfig)
         from .tensorrt_llm import TensorRTLLMEngine
 
         return TensorRTLLMEngine.from_folder(model_dir, device, config)
+    if name == "llama_cpp":
+        from .llama_cpp import LlamaCppEngine
+
+        if not config.gguf_file:
+            raise ValueError("the llama_cpp engine loads a GGUF file: EngineConfig.gguf_file is not set")
+        # The folder is the tokenizer's, which guided decoding compiles guides for.
+        return LlamaCppEngine.from_gguf(Path(config.gguf_file), device, config, tokenizer_dir=model_dir)
     raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
 
 

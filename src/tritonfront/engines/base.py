@@ -147,6 +147,11 @@ class EngineConfig:
     max_batch_tokens: int = 512  # prefill chunk budget of one forward pass
     dtype: str = "auto"  # one of DTYPES
     attention: str = "varlen"  # one of ATTENTIONS; only the transformers engine reads it
+    num_threads: int = 0  # the llama.cpp engine's compute threads; 0: one per core (torch's are set by the model)
+    gguf_file: Optional[str] = None  # the weights the llama.cpp engine loads, as they ship
+    # llama.cpp engine: one KV cache every sequence may fill (True), or kv_cache_tokens split evenly
+    # between max_num_seqs sequences, each attending over its own cells only (llama-server's -np).
+    kv_unified: bool = True
 
 
 @dataclass
