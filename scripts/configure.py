@@ -44,6 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 REPOSITORIES = ("model_repository", "ensembles")
 # Models whose work is a transformer forward pass: the ones --gpus moves to the GPU.
 GPU_MODELS = ("encoder", "llm")
+# What an engine needs beyond its name for the outputs the contract promises under load (greedy
+# exact, streamed == whole): llama.cpp's unified KV cache computes a sequence's later logits
+# differently once another sequence's cells are freed (docs/configuration.md), so llama_cpp gets a
+# cache per sequence, 64 sequences of 1,024 tokens (llama-server's -np 64 layout). --set overrides.
+ENGINE_PARAMETERS = {"llama_cpp": {"kv_unified": "false", "max_num_seqs": "64", "kv_cache_tokens": "65536"}}
 
 
 def load(path: Path) -> model_config_pb2.ModelConfig:
@@ -109,6 +114,8 @@ def configure(args) -> Path:
                 set_queue(config, queues[name])
             if args.engine and name == "llm":
                 set_parameter(config, "engine", args.engine)
+                for parameter, value in ENGINE_PARAMETERS.get(args.engine, {}).items():
+                    set_parameter(config, parameter, value)
             for key, _, value in overrides:
                 model, _, parameter = key.partition(".")
                 if model == name:

@@ -78,3 +78,17 @@ def test_llama_cpp_ranks_each_get_the_engine_and_a_share_of_the_cores(tmp_path):
                                        "parameters": {k: {"string_value": v.string_value}
                                                       for k, v in llm.parameters.items()}})
     assert config.engine == "llama_cpp" and config.kv_unified == "false" and config.num_threads == 0
+
+
+def test_llama_cpp_gets_a_cache_per_sequence_unless_set_otherwise(tmp_path):
+    configure.main(["--out", str(tmp_path / "a"), "--engine", "llama_cpp"])
+    configure.main(["--out", str(tmp_path / "b"), "--engine", "llama_cpp", "--set", "llm.kv_unified=true"])
+    configure.main(["--out", str(tmp_path / "c"), "--engine", "hf"])
+    llm = {name: configure.load(tmp_path / name / "model_repository" / "llm" / "config.pbtxt").parameters
+           for name in "abc"}
+    assert [llm["a"][key].string_value for key in ("kv_unified", "max_num_seqs", "kv_cache_tokens")] == \
+        ["false", "64", "65536"]
+    assert llm["b"]["kv_unified"].string_value == "true"
+    committed = configure.load(configure.ROOT / "model_repository" / "llm" / "config.pbtxt").parameters
+    assert [llm["c"][key].string_value for key in ("max_num_seqs", "kv_cache_tokens")] == \
+        [committed[key].string_value for key in ("max_num_seqs", "kv_cache_tokens")]
