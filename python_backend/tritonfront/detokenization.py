@@ -83,9 +83,12 @@ class DetokenizeRequest:
     chunks: list[Chunk]
     passed_through: dict[str, np.ndarray]  # PASSED_THROUGH inputs ([rows, 1] each) and the OPTIONALLY_PASSED present
     delivery: Optional[np.ndarray]  # [rows, 4] the llm's stamps, to acknowledge once decoded
+    # Its ensemble request was cancelled (the client left): decoded for Triton, whose ensemble
+    # must get every step's response, but never acknowledged, so the llm frees the stream.
+    cancelled: bool = False
 
     @classmethod
-    def parse(cls, inputs: Inputs) -> "DetokenizeRequest":
+    def parse(cls, inputs: Inputs, cancelled: bool = False) -> "DetokenizeRequest":
         # Triton has checked that every input has the same batch size (rows).
         output_ids = required(inputs, "output_ids")
         rows = output_ids.shape[0]
@@ -99,7 +102,7 @@ class DetokenizeRequest:
         heads = [row.tolist() for row in echo_ids] if echo_ids is not None else [[]] * rows
         chunks = [Chunk(context.tolist(), head + output.tolist(), bool(final))
                   for context, output, final, head in zip(context_ids, output_ids, is_final, heads)]
-        return cls(chunks, passed_through, inputs.get("delivery"))
+        return cls(chunks, passed_through, inputs.get("delivery"), cancelled)
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -336,14 +339,15 @@ class StreamDetokenizer:
     def respond(self, requests: Sequence[DetokenizeRequest],
                 acknowledge: Callable[[np.ndarray], None]) -> list:
         """The `detokenizer` model's outputs per request, or the InvalidInput it earned; the chunks
-        of each request that decoded are acknowledged to their llm rank (tritonfront.delivery)."""
+        of each request that decoded and was not cancelled are acknowledged to their llm rank
+        (tritonfront.delivery)."""
         results = self.detokenize_requests([request.chunks for request in requests])
         outputs: list = []
         for request, texts in zip(requests, results):
             if isinstance(texts, Exception):
                 outputs.append(texts)
                 continue
-            if request.delivery is not None:
+            if request.delivery is not None and not request.cancelled:
                 acknowledge(request.delivery)
             # One string per row without a further dimension, as TensorRT-LLM's postprocessing
             # sends text_output (its clients read output[0]).

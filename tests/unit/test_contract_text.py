@@ -119,3 +119,16 @@ def test_contract_outputs_pass_through_only_when_sent(detokenizer):
                                               DetokenizeRequest.parse(chunk([100]))], lambda delivery: None)
     assert {name: with_them[name].tolist() for name in sent} == {name: value.tolist() for name, value in sent.items()}
     assert not set(sent) & set(without)
+
+
+def test_a_cancelled_requests_chunk_is_answered_but_never_acknowledged(detokenizer):
+    """Triton 2.51's ensemble must get a response for every step it started, so a chunk of a
+    cancelled request is answered; left unacknowledged, it tells the llm the stream is abandoned."""
+    stamp = np.array([[7, 0, 3, 1001]], dtype=np.int64)
+    acknowledged = []
+    live, cancelled = detokenizer.respond(
+        [DetokenizeRequest.parse(chunk([100], delivery=stamp)),
+         DetokenizeRequest.parse(chunk([101], delivery=stamp + [0, 0, 1, 1]), cancelled=True)],
+        lambda delivery: acknowledged.append(delivery.tolist()))
+    assert acknowledged == [stamp.tolist()]
+    assert live["text_output"].shape == cancelled["text_output"].shape == (1,)

@@ -88,8 +88,8 @@ def test_the_watchdog_reload_parameter_is_ignored():
 @pytest.mark.parametrize("model, change, message", [
     ("llm", lambda c: c.pop("model_transaction_policy"),
      "model llm: model_transaction_policy { decoupled: true } is required"),
-    ("detokenizer", lambda c: c["dynamic_batching"].pop("preserve_ordering"),
-     "model detokenizer: dynamic_batching { preserve_ordering: true } is required"),
+    ("detokenizer", lambda c: c.update(dynamic_batching={"preserve_ordering": True}),
+     "model detokenizer: dynamic_batching must not be set"),
     ("pooler", lambda c: c.update(model_transaction_policy={"decoupled": True}),
      "model pooler: model_transaction_policy { decoupled: false } is required (execute returns one response per "
      "request), the config says decoupled: true"),

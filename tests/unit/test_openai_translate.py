@@ -35,10 +35,10 @@ class Prompts:
         return self.context_length - len(prompt)
 
 
-def chat_plan(inputs=TRTLLM, **fields):
+def chat_plan(inputs=TRTLLM, default_max_tokens=0, **fields):
     body = {"model": "generate", "messages": [{"role": "user", "content": "hi"}], **fields}
     request = schemas.parse(schemas.ChatCompletionRequest, json.dumps(body).encode())
-    return translate.chat_plan(request, contract(inputs), Prompts())
+    return translate.chat_plan(request, contract(inputs), Prompts(), default_max_tokens)
 
 
 def completion_plan(inputs=TRTLLM, **fields):
@@ -53,6 +53,14 @@ def test_openai_samples_at_temperature_1_unless_told():
     assert plan.inputs == {"max_tokens": 100 - len("user:hi|assistant:"), "temperature": 1.0, "top_p": 1.0,
                            "stream": True}
     assert plan.params["max_tokens"] == "max_tokens" and plan.params["text_input"] == "messages"
+
+
+def test_the_default_max_tokens_setting_caps_only_requests_without_a_limit():
+    room = 100 - len("user:hi|assistant:")
+    assert chat_plan(default_max_tokens=10).inputs["max_tokens"] == 10
+    assert chat_plan(default_max_tokens=10, max_tokens=50).inputs["max_tokens"] == 50
+    assert chat_plan(default_max_tokens=10, max_completion_tokens=30).inputs["max_tokens"] == 30
+    assert chat_plan(default_max_tokens=room + 500).inputs["max_tokens"] == room  # never past the context
 
 
 def test_temperature_0_is_greedy_alone():

@@ -99,7 +99,7 @@ class Front:
             if chat:
                 parsed = schemas.parse(schemas.ChatCompletionRequest, body)
                 contract = await self.contract(parsed.model, self.config.generate_models)
-                plan = translate.chat_plan(parsed, contract, self.prompts)
+                plan = translate.chat_plan(parsed, contract, self.prompts, self.config.default_max_tokens)
             else:
                 parsed = schemas.parse(schemas.CompletionRequest, body)
                 contract = await self.contract(parsed.model, self.config.generate_models)

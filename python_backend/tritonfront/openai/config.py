@@ -24,6 +24,10 @@ class FrontConfig:
     generate_models: tuple[str, ...] = ("generate",)  # Triton models served as completions and chat
     embed_models: tuple[str, ...] = ("embed",)  # Triton models served as embeddings
     log_level: str = "warning"
+    # Tokens a chat completion without max_tokens / max_completion_tokens may generate: 0 is
+    # OpenAI's default, the rest of the model's context; a number lowers it (never above the rest
+    # of the context), since one such request at temperature 1 can hold a CPU engine for minutes.
+    default_max_tokens: int = 0
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -41,6 +45,8 @@ SETTINGS = {
                           "comma-separated Triton models served by /v1/completions and /v1/chat/completions"),
     "--embed-models": ("TRITONFRONT_OPENAI_EMBED_MODELS", "comma-separated Triton models served by /v1/embeddings"),
     "--log-level": ("TRITONFRONT_OPENAI_LOG_LEVEL", "uvicorn's log level"),
+    "--default-max-tokens": ("TRITONFRONT_OPENAI_DEFAULT_MAX_TOKENS",
+                             "tokens a chat completion without max_tokens may generate; 0: the rest of the context"),
 }
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -86,7 +92,7 @@ def parse(argv: Optional[Sequence[str]] = None, environ: Optional[dict] = None) 
         triton_url=args.triton_url, host=args.host, port=number("--port", int, 1, 65535),
         stream_timeout=number("--stream-timeout", float, 0.1, 24 * 3600),
         generate_models=_names(args.generate_models), embed_models=_names(args.embed_models),
-        log_level=args.log_level)
+        log_level=args.log_level, default_max_tokens=number("--default-max-tokens", int, 0, 2**31 - 1))
     if not config.models:
         raise ConfigError(f"{_named('--generate-models')} and {_named('--embed-models')} name no model")
     both = set(config.generate_models) & set(config.embed_models)

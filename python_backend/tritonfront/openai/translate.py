@@ -98,18 +98,21 @@ def _outputs(contract: Contract, logprobs: bool) -> list[str]:
     return outputs
 
 
-def chat_plan(request: ChatCompletionRequest, contract: Contract, prompts: Prompts) -> Plan:
+def chat_plan(request: ChatCompletionRequest, contract: Contract, prompts: Prompts, default_max_tokens: int = 0) -> Plan:
+    """`default_max_tokens`: FrontConfig.default_max_tokens, the limit of a request that sets none."""
     if not prompts.has_chat_template:
         raise invalid("messages", f"messages: model '{request.model}' has no chat template; use /v1/completions")
     prompt = prompts.chat([message.model_dump(exclude_none=True) for message in request.messages])
     inputs = _Inputs(contract)
     inputs.put("messages", prompt, "text_input")
     limit, limit_param = request.completion_limit
-    if limit is None:  # vLLM's default: as many tokens as the context leaves
+    if limit is None:  # OpenAI's and vLLM's default: as many tokens as the context leaves
         limit = prompts.room(prompt)
         if limit < 1:
             raise invalid("messages", f"messages: the prompt leaves no room to generate in the model's context of "
                                       f"{prompts.context_length} tokens")
+        if default_max_tokens:
+            limit = min(limit, default_max_tokens)
     inputs.put(limit_param, limit, "max_tokens")
     _sampling(request, inputs)
     if request.logprobs:
