@@ -64,7 +64,7 @@ def settled_rss(server) -> dict[str, int]:
 
 def test_2000_abandoned_streams_leave_memory_where_the_first_100_left_it(tmp_path):
     repositories = write_deployment(tmp_path, "--set", "llm.max_active_requests=64", "--queue", "llm=64")
-    with triton_server(tmp_path / "server.log", repositories=repositories) as server:
+    with triton_server(tmp_path / "server.log", repositories=repositories, timeout=900) as server:
         for start in range(0, FIRST, WAVE):
             abandon_wave(server, start)
         first = settled_rss(server)

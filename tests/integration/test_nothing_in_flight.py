@@ -42,7 +42,8 @@ def server(tmp_path_factory):
     out = tmp_path_factory.mktemp("in_flight")
     repositories = write_deployment(out, "--set", "llm.max_active_requests=64", "--queue", "llm=64",
                                     keep=(*ALL_MODELS, "embed_tokens", "ensemble"))
-    with triton_server(out / "server.log", repositories=repositories, openai=True) as running:
+    # Seven stubs and the front load for minutes on a 2-core machine other work shares.
+    with triton_server(out / "server.log", repositories=repositories, openai=True, timeout=900) as running:
         yield running
 
 
