@@ -25,6 +25,7 @@ clients' deadlines end them (README: Known limits)."""
 import json
 import os
 import random
+import re
 import signal
 import socket
 import threading
@@ -42,7 +43,7 @@ from harness.clients.kserve import generate_inputs, text_inputs
 from harness.clients.openai import sdk
 from harness.clients.streams import Streams
 from harness.faults import EMBED_TEXTS, MAX_TOKENS, PROMPT, SteadyLoad, embed_once, generate_once, kill_stub, same_result
-from harness.load.outcomes import CANCELLED, SERVED
+from harness.load.outcomes import CANCELLED, SERVED, NoAnswer
 from harness.paths import RAW
 from harness.server import triton_server
 
@@ -52,6 +53,30 @@ GROUPS = {"generate": ("grpc generate", "http generate", "openai chat"),
 LEAVERS = ("grpc leaver", "openai leaver")
 WINDOW_S, BEFORE_S, RECOVERY_TARGET_S = 5.0, 10.0, 20.0
 CHAT = [{"role": "user", "content": PROMPT}]
+# Triton's lines while it stops: "Found N model versions that have in-flight inferences", "Model
+# 'generate' (version 1) has N in-flight inferences".
+IN_FLIGHT = re.compile(r"(?:Found|has) (\d+) (?:model versions that have )?in-flight inferences")
+
+
+def within(deadline: float, call: Callable[[], object]) -> object:
+    """`call()`, or NoAnswer once `deadline` seconds passed: the HTTP and SDK clients time out per
+    read, so a stream that trickles would otherwise outlive its deadline. The call left behind ends
+    by itself (its reads time out)."""
+    done, box = threading.Event(), {}
+
+    def run():
+        try:
+            box["value"] = call()
+        except BaseException as error:  # handed to the caller's thread
+            box["error"] = error
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    if not done.wait(deadline):
+        raise NoAnswer(f"no answer in {deadline:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def http_generate(server, deadline: float) -> str:
@@ -117,8 +142,8 @@ def calls(server, deadline: float, seed: int) -> dict[str, Callable[[], object]]
     rng = random.Random(seed)
     return {
         "grpc generate": lambda: generate_once(server.grpc_url, deadline),
-        "http generate": lambda: http_generate(server, deadline),
-        "openai chat": lambda: openai_chat(server, deadline),
+        "http generate": lambda: within(deadline, lambda: http_generate(server, deadline)),
+        "openai chat": lambda: within(deadline, lambda: openai_chat(server, deadline)),
         "grpc embed": lambda: embed_once(server.grpc_url, deadline),
         "http embed": lambda: http_embed(server, deadline),
         "openai embed": lambda: openai_embed(server, deadline),
@@ -158,7 +183,8 @@ def main() -> None:
             end = started + args.warmup_s + args.duration_s
             while time.monotonic() < end:
                 time.sleep(0.2)
-                if time.monotonic() >= next_kill:
+                # A kill only where the load goes on for kill_every_s after it, to see the recovery.
+                if time.monotonic() >= next_kill and next_kill + args.kill_every_s <= end + 0.5:
                     model = rng.choice(MODELS)
                     try:
                         instance, when = kill_stub(server.pid, model)
@@ -180,7 +206,8 @@ def main() -> None:
         server.process.wait(timeout=120)
         stop_s = time.monotonic() - sigterm
         in_flight_lines = [line for line in server.log().splitlines()
-                           if "in-flight inferences" in line and " has 0 " not in line]
+                           if (m := IN_FLIGHT.search(line)) and int(m.group(1)) > 0]
+    time.sleep(5)  # stubs Triton left behind at its exit timeout end once they see it gone
     left_running = [pid for pid in stubs if psutil.pid_exists(pid)]
 
     # --- figures -------------------------------------------------------------------------------
@@ -237,7 +264,7 @@ def main() -> None:
     result.add("## Stop\n\n" + report.table(["", ""], [
         ["SIGTERM -> every process gone", f"{stop_s:.1f} s"],
         ["Triton's in-flight lines while stopping", len(in_flight_lines)],
-        ["stubs still running after", len(left_running)]]) + (
+        ["processes of the server still running 5 s after", len(left_running)]]) + (
         "\n\nLast in-flight lines:\n\n" + "\n".join(f"- `{line[-120:]}`" for line in in_flight_lines[-3:])
         if in_flight_lines else ""))
     result.add("## Verdict\n\n" + report.table(["criterion", "result"], [
