@@ -128,6 +128,16 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     return out
 
 
+def thread_cpu_by_id(pid: int) -> dict[int, float]:
+    """CPU seconds of each live thread of a process by its kernel id (names are no reliable key:
+    an OpenMP worker takes the name of whichever thread first entered a parallel region)."""
+    out: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError):  # a thread that ended meanwhile
+            out[int(task.name)] = parse_task_stat((task / "stat").read_text())[1]
+    return out
+
+
 def split_thread_cpu(pid: int, names: tuple[str, ...]) -> tuple[float, float]:
     """(CPU seconds of the threads called one of `names`, of all the others) of a process."""
     seconds = thread_cpu_seconds(pid)

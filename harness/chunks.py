@@ -1,8 +1,8 @@
 """What an engine sends the detokenizer: token streams cut into chunks, each with the context
-window of ids before it (tritonfront.detokenization.Chunk)."""
+window of ids before it (tritonfront.core.detokenization.Chunk)."""
 import random
 
-from tritonfront.detokenization import DETOKENIZER_WINDOW, Chunk
+from tritonfront.core.detokenization import DETOKENIZER_WINDOW, Chunk
 
 from .corpora import MULTILINGUAL
 

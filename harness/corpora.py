@@ -8,6 +8,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from .model_tokenizers import embedding_tokenizer, llm_tokenizer
+
 # Prompts of the generate tests and benchmarks: EOS within 16 tokens for some, not for others.
 PROMPTS = [
     "The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
@@ -52,25 +54,14 @@ def varied_texts() -> list[str]:
     return texts
 
 
-@lru_cache(maxsize=1)
-def _wordpiece():
-    from tokenizers import Tokenizer
-
-    from tritonfront import model_sources
-
-    tokenizer = Tokenizer.from_file(str(model_sources.embed_model_dir() / "tokenizer.json"))
-    tokenizer.no_truncation()
-    return tokenizer
-
-
 def token_count(text: str) -> int:
     """Tokens of the embedding model, special ones included, before its truncation."""
-    return len(_wordpiece().encode(text).ids)
+    return len(embedding_tokenizer().encode(text).ids)
 
 
 def synthetic_texts(count: int, tokens: int, seed: int = 0) -> list[str]:
     """`count` different texts of about `tokens` embedding-model tokens each (within a few)."""
-    vocab = sorted(w for w in _wordpiece().get_vocab() if w.isascii() and w.isalpha() and len(w) >= 3)
+    vocab = sorted(w for w in embedding_tokenizer().get_vocab() if w.isascii() and w.isalpha() and len(w) >= 3)
     rng = random.Random(seed)
     texts = []
     for _ in range(count):
@@ -91,8 +82,6 @@ def synthetic_texts(count: int, tokens: int, seed: int = 0) -> list[str]:
 def synthetic_prompt_ids(lengths: list[int], seed: int = 0) -> list[list[int]]:
     """One prompt of exactly each length in LLM token ids: the start of a different synthetic
     text each (no BOS, as the llm_tokenizer sends raw text)."""
-    from .references import llm_tokenizer
-
     texts = synthetic_texts(len(lengths), int(max(lengths) * 1.3) + 8, seed=seed)
     prompts = []
     for text, length in zip(texts, lengths):
@@ -105,8 +94,6 @@ def synthetic_prompt_ids(lengths: list[int], seed: int = 0) -> list[list[int]]:
 
 def synthetic_prompts(count: int, tokens: int, seed: int = 0) -> list[str]:
     """Texts of exactly `tokens` LLM tokens (what the ensemble's tokenizer sees), all different."""
-    from .references import llm_tokenizer
-
     return [llm_tokenizer().decode(ids) for ids in synthetic_prompt_ids([tokens] * count, seed)]
 
 

@@ -1,17 +1,19 @@
 """Deployments to serve beside the committed one: scripts/configure.py output cut to the models a
 run needs, renamed copies of a model with other parameters (two variants in one server), config
 variants edited by regex, and a repository holding only the embed pipeline."""
+import importlib.util
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Iterable, Optional
 
 from .paths import BASELINES, ENSEMBLES, MODEL_REPOSITORY, ROOT
 
 GENERATE_MODELS = ("llm_tokenizer", "llm", "detokenizer", "generate")
-EMBED_MODELS = ("tokenizer", "encoder", "pooler", "embed", "embed_tokens")
+EMBED_MODELS = ("tokenizer", "encoder", "pooler", "embed", "embed_tokens", "embed_ids")
 ALL_MODELS = ("tokenizer", "encoder", "pooler", "embed", "llm_tokenizer", "llm", "detokenizer", "generate")
 
 
@@ -78,3 +80,13 @@ def copy_embed_repository(target: Path) -> Path:
         repository = ENSEMBLES if (ENSEMBLES / name).exists() else MODEL_REPOSITORY
         shutil.copytree(repository / name, target / name, ignore=shutil.ignore_patterns("__pycache__"))
     return target
+
+
+def load_adapter(path: Path, module_name: str) -> ModuleType:
+    """A model.py as a module, for a benchmark-only model that builds on another model's adapter
+    (perf/baseline_repository/); Triton loads each model.py under one name, so importing it is no
+    option."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

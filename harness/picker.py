@@ -6,8 +6,9 @@ llm-d-router (v0.10.0, the image the manifests pin) reads each from a replica's 
 first series of that name whose labels include the spec's, waiting and running as integers, and
 scores replicas with the configured scorers, weighted: queue-scorer and
 running-requests-size-scorer rank a replica between the pool's lowest (1) and highest (0) count,
-kv-cache-utilization-scorer gives 1 - utilization; the highest sum takes the request. Here the
-same rules are applied to real replicas' metrics, so a test sees what the picker would."""
+kv-cache-utilization-scorer gives 1 - utilization (prefix-cache-scorer needs prompts, and scores
+every replica alike for prompts none has seen); the highest sum takes the request. Here the same
+rules are applied to real replicas' metrics, so a test sees what the picker would."""
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -21,6 +22,26 @@ CONFIG_MAP = ROOT / "deploy" / "kubernetes" / "base" / "endpoint-picker-config.y
 SPEC = re.compile(r"^\s*(\S+?)\s*(?:\{([^}]*)\})?\s*$")
 LABEL = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"?([^",]*)"?\s*$')
 MAPPING_FIELDS = {"waiting": "queuedRequestsSpec", "running": "runningRequestsSpec", "kv_cache": "kvUsageSpec"}
+# The picker's built-in engine types that deploy/kubernetes relies on, as llm-d-router v0.10.0
+# defines them (pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go,
+# defaultEngineConfigs; read from the source at tag v0.10.0, commit 0b43c187). An engineConfigs
+# entry of the same name replaces one.
+BUILT_IN_ENGINES = {
+    "triton-tensorrt-llm": {
+        "queuedRequestsSpec": "nv_trt_llm_request_metrics{request_type=waiting}",
+        "runningRequestsSpec": "nv_trt_llm_request_metrics{request_type=scheduled}",
+        "kvUsageSpec": "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}",
+        # Read too; tritonfront exports neither (README: The gauges a router reads).
+        "cacheBlockSizeSpec": "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=tokens_per}",
+        "cacheNumBlocksSpec": "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max}",
+    },
+    "vllm": {
+        "queuedRequestsSpec": "vllm:num_requests_waiting",
+        "runningRequestsSpec": "vllm:num_requests_running",
+        "kvUsageSpec": "vllm:kv_cache_usage_perc",
+    },
+}
+DEFAULT_ENGINE = "vllm"  # the extractor's defaultEngine when the config names none
 
 
 def picker_config() -> dict:
@@ -35,9 +56,12 @@ def plugin_parameters(config: dict, plugin_type: str) -> dict:
 
 
 def engine_mapping(config: dict) -> dict[str, str]:
-    """waiting / running / kv_cache -> metric spec of the default engine."""
+    """waiting / running / kv_cache -> metric spec of the default engine: the config's own
+    engineConfigs entry of that name, else the built-in one."""
     extractor = plugin_parameters(config, "core-metrics-extractor")
-    (engine,) = [e for e in extractor["engineConfigs"] if e["name"] == extractor["defaultEngine"]]
+    name = extractor.get("defaultEngine", DEFAULT_ENGINE)
+    configured = [e for e in extractor.get("engineConfigs", []) if e["name"] == name]
+    engine = configured[0] if configured else BUILT_IN_ENGINES[name]
     return {key: engine[field] for key, field in MAPPING_FIELDS.items()}
 
 

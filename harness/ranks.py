@@ -3,7 +3,7 @@ tokens, waiting requests, active sequences): read directly, which costs the serv
 unlike scraping its metrics endpoint."""
 import numpy as np
 
-from tritonfront import balancing
+from tritonfront.core import balancing
 
 from .accounting import Sampler
 from .load.threads import poll

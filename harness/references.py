@@ -8,9 +8,10 @@ from typing import Optional
 
 import numpy as np
 
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 
 from .corpora import varied_texts
+from .model_tokenizers import llm_tokenizer
 
 
 @functools.lru_cache(maxsize=None)
@@ -40,13 +41,6 @@ def cosines(ours: np.ndarray, reference: np.ndarray) -> np.ndarray:
 
 def unit(rows: np.ndarray) -> np.ndarray:
     return rows / np.linalg.norm(rows, axis=-1, keepdims=True)
-
-
-@functools.lru_cache(maxsize=None)
-def llm_tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_sources.llm_model_dir())
 
 
 def prompt_ids(text: str, chat: bool) -> list[int]:

@@ -29,8 +29,8 @@ from harness.deploy import write_variant
 from harness.paths import RAW
 from harness.server import benchmark_server
 from harness.triton_metrics import model_statistics, statistics_delta
-from tritonfront.detokenization import DETOKENIZER_WINDOW, StreamDetokenizer
-from tritonfront.model_sources import llm_model_dir
+from tritonfront.core.detokenization import DETOKENIZER_WINDOW, StreamDetokenizer
+from tritonfront.core.model_sources import llm_model_dir
 
 
 def input_data(tokenizer, chunks: int) -> list[dict]:

@@ -33,7 +33,7 @@ from harness.deploy import write_deployment
 from harness.load import streaming
 from harness.ranks import RankLoad, load_ratio, sequence_skew
 from harness.server import benchmark_server
-from tritonfront import balancing
+from tritonfront.core import balancing
 
 BALANCED, DEFAULT = "llm", "llm_none"
 VARIANTS = {BALANCED: "tokens", DEFAULT: "none (Triton)"}

@@ -35,7 +35,7 @@ from harness.load import streaming
 from harness.paths import RAW
 from harness.server import benchmark_server
 from harness.stats import median
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 
 TOKENS_RATIO_TARGET, TTFT_DELTA_TARGET_MS = 0.95, 5.0
 COMPOSING = ["llm_tokenizer", "llm", "detokenizer"]

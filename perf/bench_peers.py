@@ -38,7 +38,7 @@ from harness.load.unary import infer_once
 from harness.paths import RAW
 from harness.server import benchmark_server
 from harness.stats import median, percentile
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 from tritonfront.engines.base import ENGINE_THREAD_NAME
 
 TOPICS = ("the history of tea", "why cities grow", "the life of bees", "learning a second language",
@@ -259,8 +259,8 @@ def med_ratio(rounds: list[dict], a: str, b: str, key: str) -> float:
 
 def generate_phase(args, rep) -> dict:
     from tritonfront.engines import create_engine
-    from tritonfront.model_config import LLMConfig
-    from harness.references import llm_tokenizer
+    from tritonfront.core.model_config import LLMConfig
+    from harness.model_tokenizers import llm_tokenizer
 
     model_dir = model_sources.llm_model_dir()
     prompts = essay_prompts(512)

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from harness import report
-from tritonfront.pooling import DenseLayer, PoolingHead, normalize
-from tritonfront.ragged import RaggedBatch
+from tritonfront.core.pooling import DenseLayer, PoolingHead, normalize
+from tritonfront.core.ragged import RaggedBatch
 
 
 @torch.inference_mode()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Tokenizer A/B in one run: the committed `tokenizer` (dynamic batching, one batch-encode per
-execute) against `tokenizer_unbatched` (perf/baseline_repository: the same model.py and instance
-count, no dynamic batcher, one encode per request), both in one tritonserver, under open-loop
+execute) against `tokenizer_unbatched` (the committed tokenizer's config and model.py with its
+`dynamic_batching` block removed, written for the run: one encode per request), both in one tritonserver, under open-loop
 Poisson load at the same rates, the two models interleaved step by step.
 
 Texts are ~500 tokens of varied words (the tokenizer encodes them whole, then truncates to 256).
@@ -11,14 +11,17 @@ models' P99 there (target: batched >= 10x lower), and each model's highest rate 
 """
 import asyncio
 import math
+import tempfile
 from dataclasses import asdict
+from pathlib import Path
 
 from harness import report
 from harness.clients.kserve import single_texts
 from harness.corpora import synthetic_texts
 from harness.load.unary import LoadResult, saturated, sweep, warm_up
 from harness.observe import sweep_observer
-from harness.paths import BASELINES, COMMITTED
+from harness.deploy import write_variant
+from harness.paths import COMMITTED
 from harness.server import benchmark_server
 
 BATCHED, BASELINE = "tokenizer", "tokenizer_unbatched"
@@ -66,6 +69,13 @@ def plot(results, summary, p99_limit_ms):
     return fig
 
 
+def unbatched(target: Path) -> Path:
+    """A repository in `target` holding the baseline: the committed tokenizer without its dynamic
+    batcher (same instances, inputs and parameters), so every request is encoded on its own."""
+    write_variant(BATCHED, BASELINE, target, [(r"(?s)^dynamic_batching \{.*?^\}\n", "")])
+    return target
+
+
 def main() -> None:
     args, rep = report.start(
         __doc__, "bench_tokenizer", "Tokenizer: dynamic batching vs request-by-request (open-loop Poisson)",
@@ -74,7 +84,8 @@ def main() -> None:
     texts = synthetic_texts(args.texts, args.tokens)
     factory = single_texts(texts)
     rates = [float(r) for r in args.rates.split(",")]
-    with benchmark_server("bench_tokenizer", [BATCHED, BASELINE], [*COMMITTED, BASELINES]) as server:
+    with tempfile.TemporaryDirectory() as baselines, \
+            benchmark_server("bench_tokenizer", [BATCHED, BASELINE], [*COMMITTED, unbatched(Path(baselines))]) as server:
         asyncio.run(warm_up(server.grpc_url, factory, [BATCHED, BASELINE]))
         results = asyncio.run(sweep(server.grpc_url, [BASELINE, BATCHED], factory, rates, args.duration,
                                     max_total_s=args.max_total_s, observe=sweep_observer(server)))

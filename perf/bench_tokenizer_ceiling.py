@@ -23,8 +23,8 @@ from harness.load.unary import LoadResult, run_concurrency, warm_up
 from harness.paths import RAW
 from harness.server import benchmark_server
 from harness.stats import median_rate
-from tritonfront import model_sources
-from tritonfront.tokenization import BatchTokenizer, TextRequest
+from tritonfront.core import model_sources
+from tritonfront.core.tokenization import BatchTokenizer, TextRequest
 
 MODEL = "tokenizer"
 

@@ -10,6 +10,7 @@ source "$(dirname "$0")/../scripts/env.sh"
 cd "$TRITONFRONT_ROOT"
 benchmarks=(
   "bench_peers"
+  "bench_cost_account"
   "bench_pooler"
   "bench_tokenizer"
   "bench_tokenizer_config"

@@ -50,7 +50,7 @@ from harness.corpora import PROMPTS, synthetic_prompts, synthetic_texts, varied_
 from harness.deploy import ALL_MODELS
 from harness.load.outcomes import CANCELLED, FAILED, INVALID, REJECTED, SERVED, TIMED_OUT, Tally, classify
 from harness.load.threads import LoopThread, poll
-from harness.references import llm_tokenizer
+from harness.model_tokenizers import llm_tokenizer
 from harness.server import benchmark_server
 from harness.stats import window_growth
 from harness.triton_metrics import llm_gauges

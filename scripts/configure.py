@@ -38,7 +38,7 @@ if __name__ == "__main__":  # imported (by a test), it is already in some venv: 
 from google.protobuf import text_format  # noqa: E402 (installed in the venv entered above)
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
-from tritonfront.model_config import CONFIGS, PARAMETERS, ConfigError, validate  # noqa: E402
+from tritonfront.core.model_config import CONFIGS, PARAMETERS, ConfigError, validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REPOSITORIES = ("model_repository", "ensembles")
@@ -145,7 +145,7 @@ def gpu_list(text: str) -> list[int]:
 
 
 def check_overrides(parser, items: list[str]) -> None:
-    """--set MODEL.PARAM=VALUE against each model's typed config (tritonfront.model_config): the
+    """--set MODEL.PARAM=VALUE against each model's typed config (tritonfront.core.model_config): the
     model, the parameter and the value must all be ones the model accepts at load time."""
     for item in items:
         key, equals, value = item.partition("=")
@@ -186,7 +186,7 @@ def main(argv=None) -> None:
     parser.add_argument("--poolers", type=count, help="pooler instance count")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.PARAM=VALUE",
                         help="override a config.pbtxt parameter, e.g. llm.balancing=none (checked against the "
-                             "model's typed config: tritonfront/model_config.py)")
+                             "model's typed config: tritonfront/core/model_config.py)")
     parser.add_argument("--queue", action="append", default=[], metavar="MODEL=SIZE[:TIMEOUT_MS]",
                         help="queue policy: requests beyond SIZE are rejected at once, and one waiting "
                              "longer than TIMEOUT_MS is rejected; size it from the measured capacity "

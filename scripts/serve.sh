@@ -7,8 +7,10 @@
 #                                          default 9000; 0 turns it off. TRITONFRONT_OPENAI_* variables
 #                                          configure it (README: OpenAI API)
 #   BIND_ADDRESS                           default 127.0.0.1 (loopback only; see README before exposing)
-#   TRITONFRONT_EMBED_MODEL                embedding model folder (default: the bundled all-MiniLM-L6-v2)
-#   TRITONFRONT_LLM_MODEL                  causal-LM folder or .gguf (default: the bundled SmolLM2-135M-Instruct)
+#   TRITONFRONT_EMBED_MODEL                embedding model folder or Hugging Face id (default: the bundled
+#                                          all-MiniLM-L6-v2)
+#   TRITONFRONT_LLM_MODEL                  causal-LM folder, .gguf or Hugging Face id (default: the bundled
+#                                          SmolLM2-135M-Instruct)
 #   TRITONFRONT_REPOSITORIES               model repositories separated by ':' as in PATH (default:
 #                                          model_repository:ensembles of this checkout), e.g. what
 #                                          scripts/configure.py prints; a path may hold spaces, not ':'

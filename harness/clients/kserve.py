@@ -13,7 +13,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import np_to_triton_dtype
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
-EMBED_OUTPUTS = {"embed": ("embedding",), "embed_tokens": ("token_embeddings", "input_lengths")}
+EMBED_OUTPUTS = {"embed": ("embedding",), "embed_tokens": ("token_embeddings", "input_lengths"),
+                 "embed_ids": ("embedding",)}
 PROTOCOLS = ("http", "grpc")
 
 
@@ -68,6 +69,18 @@ def text_inputs(texts: Sequence, module=grpcclient, truncate: Optional[bool] = N
                            dimensions=None if dimensions is None else np.full((rows, 1), dimensions, dtype=np.int32))]
 
 
+def id_inputs(id_lists: Sequence[Sequence[int]], module=grpcclient, dimensions: Optional[int] = None,
+              pad_id: int = 0) -> list:
+    """Inputs of `embed_ids`: input_ids [lists, longest] padded with `pad_id`, input_lengths
+    [lists, 1], and `dimensions` once per list."""
+    longest = max(len(ids) for ids in id_lists)
+    ids = np.array([list(ids) + [pad_id] * (longest - len(ids)) for ids in id_lists], dtype=np.int32)
+    lengths = np.array([[len(ids)] for ids in id_lists], dtype=np.int32)
+    rows = len(id_lists)
+    return tensors(module, input_ids=ids, input_lengths=lengths,
+                   dimensions=None if dimensions is None else np.full((rows, 1), dimensions, dtype=np.int32))
+
+
 def generate_inputs(text, max_tokens: int, module=grpcclient, **optional) -> list:
     """A `generate` request: text_input, max_tokens and the optional inputs given (stream,
     temperature, top_k, top_p, random_seed, stop_words, end_id, apply_chat_template)."""
@@ -83,7 +96,7 @@ def llm_inputs(prompt_ids: Sequence[int], max_tokens: int, module=grpcclient, **
 
 def detokenizer_inputs(chunk, prompt_tokens: int, completion_tokens: int, finish_reason: Optional[str] = None,
                        module=grpcclient) -> list:
-    """A `detokenizer` request for one tritonfront.detokenization.Chunk, [1, n]-shaped as the
+    """A `detokenizer` request for one tritonfront.core.detokenization.Chunk, [1, n]-shaped as the
     engine's responses are; finish_reason "length" on the final chunk unless told."""
     if finish_reason is None:
         finish_reason = "length" if chunk.is_final else ""
@@ -116,15 +129,24 @@ def module_of(connection):
     return httpclient if isinstance(connection, httpclient.InferenceServerClient) else grpcclient
 
 
-def requested(module, model: str) -> list:
-    return [module.InferRequestedOutput(name) for name in EMBED_OUTPUTS[model]]
+def requested(module, model: str, names: Optional[Sequence[str]] = None) -> list:
+    return [module.InferRequestedOutput(name) for name in names or EMBED_OUTPUTS[model]]
 
 
-def embed(connection, texts, model: str = "embed", **kwargs) -> dict:
-    """The outputs of one embed (or embed_tokens) request as a dict of arrays."""
+def embed(connection, texts, model: str = "embed", outputs: Optional[Sequence[str]] = None, **kwargs) -> dict:
+    """The outputs of one embed (or embed_tokens) request as a dict of arrays: `outputs`, or the
+    model's usual ones."""
     module = module_of(connection)
-    result = connection.infer(model, text_inputs(texts, module, **kwargs), outputs=requested(module, model))
-    return {name: result.as_numpy(name) for name in EMBED_OUTPUTS[model]}
+    result = connection.infer(model, text_inputs(texts, module, **kwargs), outputs=requested(module, model, outputs))
+    return {name: result.as_numpy(name) for name in outputs or EMBED_OUTPUTS[model]}
+
+
+def embed_ids(connection, id_lists: Sequence[Sequence[int]], **kwargs) -> np.ndarray:
+    """The embeddings of one `embed_ids` request (kwargs: dimensions, pad_id)."""
+    module = module_of(connection)
+    result = connection.infer("embed_ids", id_inputs(id_lists, module, **kwargs),
+                              outputs=requested(module, "embed_ids"))
+    return result.as_numpy("embedding")
 
 
 async def embed_aio(connection: grpcaio.InferenceServerClient, texts, model: str = "embed", **kwargs) -> dict:

@@ -15,7 +15,7 @@ from harness.clients.http import parse_sse, sse_events
 from harness.clients.kserve import (as_array, check_loopback, detokenizer_inputs, generate_inputs, llm_inputs,
                                     prebuilt, text_inputs)
 from harness.server import repositories_variable
-from tritonfront.detokenization import Chunk
+from tritonfront.core.detokenization import Chunk
 
 
 def described(inputs) -> dict:

@@ -15,8 +15,8 @@ from harness.clients.kserve import detokenizer_inputs, tensors
 from harness.corpora import MULTILINGUAL as TEXTS
 from harness.paths import MODEL_REPOSITORY
 from harness.server import triton_server
-from tritonfront.detokenization import Chunk
-from tritonfront.model_sources import llm_model_dir
+from tritonfront.core.detokenization import Chunk
+from tritonfront.core.model_sources import llm_model_dir
 
 MODEL = "detokenizer"
 TEST_MODELS = Path(__file__).resolve().parents[1] / "models"

@@ -1,5 +1,5 @@
-"""The embed and embed_tokens ensembles on a real tritonserver against sentence-transformers
-on the same model folder."""
+"""The embed, embed_tokens and embed_ids ensembles on a real tritonserver against
+sentence-transformers on the same model folder (and embed_ids against embed)."""
 import asyncio
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 import torch
 import tritonclient.grpc.aio as grpcaio
 
-from harness.clients.kserve import connect as client, embed as infer, embed_aio as infer_aio
+from harness.clients.kserve import connect as client, embed as infer, embed_aio as infer_aio, embed_ids
 from harness.corpora import varied_texts
 from harness.references import cosines, reference_embeddings, sentence_transformer as reference_model, unit
 from harness.triton_metrics import metric_value
@@ -132,3 +132,42 @@ def test_truncate_false_within_the_limit_changes_nothing(server, reference, toke
     with client("http", server) as connection:
         embeddings = infer(connection, [TEXTS[i] for i in within], truncate=False)["embedding"]
     assert len(within) >= 5 and cosines(embeddings, reference[within]).min() >= MIN_COSINE
+
+
+def test_embed_returns_each_texts_token_count(server, token_counts):
+    """input_lengths as the tokenizer counts (special tokens in, truncated to 256), per text of a
+    client-batched request, over both protocols."""
+    for protocol in ("http", "grpc"):
+        with client(protocol, server) as connection:
+            for start in range(0, len(TEXTS), 32):
+                chunk = TEXTS[start:start + 32]
+                output = infer(connection, chunk, outputs=("embedding", "input_lengths"))
+                assert output["input_lengths"].shape == (len(chunk), 1)
+                np.testing.assert_array_equal(output["input_lengths"][:, 0], token_counts[start:start + 32])
+    assert token_counts.max() == 256 and token_counts.min() == 2  # truncated texts and "" ([CLS] [SEP]) counted
+
+
+def reference_ids(texts) -> list[list[int]]:
+    tokenizer = reference_model().tokenizer
+    return [tokenizer(t, truncation=True, max_length=256)["input_ids"] for t in texts]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_embed_ids_equals_embed_for_the_same_texts_ids(server, reference, protocol):
+    ids = reference_ids(TEXTS)
+    pad_id = reference_model().tokenizer.pad_token_id
+    with client(protocol, server) as connection:
+        by_text = np.concatenate([infer(connection, TEXTS[start:start + 32])["embedding"]
+                                  for start in range(0, len(TEXTS), 32)])
+        by_ids = np.concatenate([embed_ids(connection, ids[start:start + 32], pad_id=pad_id)
+                                 for start in range(0, len(TEXTS), 32)])
+        # Padding is not read: another pad id gives the same embeddings.
+        odd_padding = embed_ids(connection, ids[:8], pad_id=1000)
+        single = embed_ids(connection, [ids[5]])
+        cut = embed_ids(connection, ids[4:16], dimensions=32)
+    assert by_ids.shape == by_text.shape == (len(TEXTS), 384)
+    np.testing.assert_allclose(by_ids, by_text, atol=1e-5)
+    assert cosines(by_ids, reference).min() >= MIN_COSINE
+    np.testing.assert_allclose(odd_padding, by_text[:8], atol=1e-5)
+    np.testing.assert_allclose(single, by_text[5:6], atol=1e-5)
+    np.testing.assert_allclose(cut, unit(reference[4:16, :32]), atol=2e-4)

@@ -14,8 +14,8 @@ from harness.clients.kserve import PROTOCOLS, connect as client, embed as infer,
 from harness.deploy import copy_embed_repository
 from harness.references import cosines
 from harness.server import triton_server
-from tritonfront import model_sources
-from tritonfront.model_sources import EMBED_MODEL_ENV
+from tritonfront.core import model_sources
+from tritonfront.core.model_sources import EMBED_MODEL_ENV
 
 MAX_SEQ_LENGTH = 48
 TEXTS = [

@@ -1,5 +1,6 @@
-"""Bad requests to the embed ensembles: each gets an INVALID_ARG error that names the input and
-the limit, while good requests batched beside them still get correct embeddings."""
+"""Bad requests to the embed ensembles (embed_ids included): each gets an INVALID_ARG error that
+names the input and the limit, while good requests batched beside them still get correct
+embeddings."""
 import asyncio
 
 import numpy as np
@@ -9,7 +10,15 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from harness.clients.kserve import PROTOCOLS, connect as client, embed_aio as infer_aio, requested, text_inputs
+from harness.clients.kserve import (
+    PROTOCOLS,
+    connect as client,
+    embed_aio as infer_aio,
+    id_inputs,
+    requested,
+    tensors,
+    text_inputs,
+)
 from harness.corpora import varied_texts
 from harness.references import cosines, reference_embeddings
 
@@ -94,3 +103,57 @@ def test_good_requests_succeed_while_bad_ones_are_sent_concurrently(server):
     assert server.is_ready()
     with client("http", server) as connection:
         assert connection.is_model_ready("embed") and connection.is_model_ready("embed_tokens")
+
+
+IDS = [101, 7592, 2088, 102]  # [CLS] hello world [SEP]
+# name: (input_ids rows, input_lengths or None for the rows' own, what the message must say)
+BAD_ID_REQUESTS = {
+    "id-outside-vocab": ([IDS, [101, 30522, 102, 0]], [[4], [3]], ["input_ids[1]", "0..30521"]),
+    "negative-id": ([[101, -1, 102]], None, ["input_ids[0]", "0..30521"]),
+    "over-the-limit": ([IDS, [101] + [7592] * 298 + [102]], None, ["input_ids[1]", "300 token ids", "limit of 256"]),
+    "length-0": ([IDS], [[0]], ["input_lengths", "1..4"]),
+    "length-over-the-row": ([IDS], [[5]], ["input_lengths", "1..4"]),
+}
+
+
+def id_request(module, rows, lengths):
+    if lengths is None:
+        return id_inputs(rows, module)
+    longest = max(len(row) for row in rows)
+    ids = np.array([row + [0] * (longest - len(row)) for row in rows], dtype=np.int32)
+    return tensors(module, input_ids=ids, input_lengths=np.array(lengths, dtype=np.int32))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_bad_id_requests_are_invalid_argument_and_good_ones_beside_them_succeed(server, protocol):
+    module = httpclient if protocol == "http" else grpcclient
+    with client(protocol, server) as connection:
+        for case, (rows, lengths, parts) in BAD_ID_REQUESTS.items():
+            with pytest.raises(InferenceServerException) as caught:
+                connection.infer("embed_ids", id_request(module, rows, lengths), outputs=requested(module, "embed_ids"))
+            assert is_invalid_argument(caught.value, protocol), (case, caught.value.message())
+            assert all(part in caught.value.message() for part in parts), (case, caught.value.message())
+        good = connection.infer("embed", text_inputs(["hello world"], module), outputs=requested(module, "embed"))
+
+    # Concurrent: bad lists share the encoder's dynamic batches with good ones, which still embed.
+    jobs = [case for case in BAD_ID_REQUESTS for _ in range(3)] + ["good"] * 15
+    np.random.default_rng(5).shuffle(jobs)
+
+    async def one(connection, job):
+        rows, lengths = ([IDS], None) if job == "good" else BAD_ID_REQUESTS[job][:2]
+        try:
+            result = await connection.infer("embed_ids", id_request(grpcclient, rows, lengths))
+        except InferenceServerException as error:
+            return error
+        return result.as_numpy("embedding")
+
+    async def run():
+        async with grpcaio.InferenceServerClient(server.grpc_url) as connection:
+            return await asyncio.gather(*(one(connection, job) for job in jobs))
+
+    for job, result in zip(jobs, asyncio.run(run())):
+        if job == "good":
+            assert not isinstance(result, Exception), result
+            np.testing.assert_allclose(result, good.as_numpy("embedding"), atol=1e-5)
+        else:
+            assert isinstance(result, InferenceServerException) and is_invalid_argument(result, "grpc"), job

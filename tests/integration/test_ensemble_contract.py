@@ -2,7 +2,8 @@
 it ([1, 1] scalars, [1, N] word lists, [N, 1] batched prompts, gRPC streams, streamed and whole):
 `ensemble` and `generate` are one model; whole answers include the prompt unless
 exclude_input_in_output; batched prompts and num_return_sequences answer per sequence with their
-indices; greedy text equals transformers; log probs equal transformers' scores; penalties, bad
+indices; greedy text equals transformers; log probs equal transformers' scores; top_logprobs and per-token texts (tritonfront's extension)
+as documented; penalties, bad
 words, min_tokens and guided JSON do what they say; every input no engine honours, and every bad
 value, is INVALID_ARG naming it."""
 import json
@@ -17,9 +18,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from harness.clients.http import post
-from harness.references import greedy_reference, llm_tokenizer as tokenizer, prompt_ids
-from tritonfront import model_sources
-from tritonfront.trtllm_contract import EXTRA_INPUTS, EXTRA_OUTPUTS, INPUTS, OUTPUTS, UNSUPPORTED
+from harness.model_tokenizers import llm_tokenizer as tokenizer
+from harness.references import greedy_reference, prompt_ids
+from tritonfront.core import model_sources
+from tritonfront.core.trtllm_contract import EXTRA_INPUTS, EXTRA_OUTPUTS, INPUTS, OUTPUTS, UNSUPPORTED
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def fibonacci(n):"]
 MAX_TOKENS = 12
@@ -229,6 +231,99 @@ def test_log_probs_equal_transformers_scores(server, greedy):
     assert cumulative == pytest.approx(math.fsum(reference[:count]), abs=1e-2)
 
 
+def top_arrays(request: Request, name: str) -> np.ndarray:
+    """A sequence's [tokens, k] alternatives (or [tokens] per-token values) over its responses."""
+    return np.concatenate([r.as_numpy(name)[0, 0] for r in request.responses])
+
+
+def test_top_logprobs_equal_transformers_processed_scores(server):
+    """The alternatives come from the distribution the token was chosen from: after a repetition
+    penalty (transformers' `scores`, not its raw logits), so the chosen token heads them (greedy)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = "1, 2, 3, 1, 2, 3, 1, 2, 3,"
+    asked = dict(prompts=[prompt], max_tokens=16, exclude_input_in_output=True, repetition_penalty=1.3,
+                 top_logprobs=5)
+    whole, streamed = generate(server, **asked), generate(server, stream=True, **asked)
+    model = AutoModelForCausalLM.from_pretrained(model_sources.llm_model_dir(), dtype=torch.float32).eval()
+    ids = prompt_ids(prompt, False)
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, repetition_penalty=1.3,
+                             output_scores=True, output_logits=True, return_dict_in_generate=True)
+    generated = out.sequences[0, len(ids):].tolist()
+    processed = [torch.log_softmax(score[0], -1) for score in out.scores]
+    raw = [torch.log_softmax(logits[0], -1) for logits in out.logits]
+    top_ids, top_log_probs = top_arrays(whole, "output_top_ids"), top_arrays(whole, "output_top_log_probs")
+    log_probs = top_arrays(whole, "output_log_probs")
+    count = len(log_probs)
+    assert top_ids.shape == top_log_probs.shape == (count, 5) and count >= 8
+    for i in range(count):
+        expected_values, expected_ids = processed[i].topk(5)
+        np.testing.assert_allclose(top_log_probs[i], expected_values.numpy(), atol=2e-3)
+        assert top_ids[i, 0] == generated[i] == expected_ids[0] and top_log_probs[i, 0] == log_probs[i]
+        assert all(top_log_probs[i][j] >= top_log_probs[i][j + 1] for j in range(4))
+    # The penalty moved the distribution: raw log-softmax would differ from what was reported.
+    assert max(abs(raw[i][generated[i]].item() - log_probs[i]) for i in range(count)) > 0.05
+    # Streamed == whole, token by token.
+    for name in ("output_top_ids", "output_top_log_probs", "output_log_probs"):
+        np.testing.assert_array_equal(top_arrays(streamed, name), top_arrays(whole, name), err_msg=name)
+    # Texts of the alternatives: the greedy choice's own share heads them.
+    whole_texts = generate(server, return_token_texts=True, **asked)
+    np.testing.assert_array_equal(top_arrays(whole_texts, "output_top_texts")[:, 0],
+                                  top_arrays(whole_texts, "output_token_texts"))
+
+
+def test_sampled_tokens_are_among_their_alternatives_or_below_them(server):
+    """OpenAI's definition: top_logprobs lists the most likely tokens; the sampled one is one of them
+    or less likely than all of them. Seeded: streamed equals whole."""
+    asked = dict(prompts=[PROMPTS[2]], max_tokens=24, exclude_input_in_output=True, temperature=1.3, top_p=0.98,
+                 seed=11, top_logprobs=2)
+    whole, streamed = generate(server, **asked), generate(server, stream=True, **asked)
+    top_ids, top_log_probs = top_arrays(whole, "output_top_ids"), top_arrays(whole, "output_top_log_probs")
+    log_probs = top_arrays(whole, "output_log_probs")
+    outside = 0
+    for i, log_prob in enumerate(log_probs):
+        if log_prob in top_log_probs[i]:
+            continue
+        outside += 1
+        assert log_prob <= top_log_probs[i, -1] + 1e-6
+    assert outside >= 1, "every sampled token was among the top 2: the other case went untested"
+    assert top_ids.shape == (len(log_probs), 2) and len(log_probs) >= 8
+    for name in ("output_top_ids", "output_top_log_probs", "output_log_probs"):
+        np.testing.assert_array_equal(top_arrays(streamed, name), top_arrays(whole, name), err_msg=name)
+
+
+@pytest.mark.parametrize("prompt", ["The capital of France is", "日本の首都は東京です。中国の首都は"])
+def test_token_texts_join_to_the_text_streamed_as_whole(server, prompt):
+    asked = dict(prompts=[prompt], max_tokens=24, return_token_texts=True, return_log_probs=True)
+    whole = generate(server, exclude_input_in_output=True, **asked)
+    streamed = generate(server, stream=True, **asked)
+    echoed = generate(server, **asked)  # the prompt decoded with the answer: texts still per generated token
+    shares = list(top_arrays(whole, "output_token_texts"))
+    text = whole.texts()[(0, 0)]
+    assert len(shares) == len(top_arrays(whole, "output_log_probs")) == int(whole.finals()[(0, 0)].as_numpy(
+        "completion_tokens")[0, 0])
+    assert b"".join(shares).decode("utf-8", "replace") == text
+    assert list(top_arrays(streamed, "output_token_texts")) == shares
+    assert b"".join(top_arrays(streamed, "output_token_texts")).decode("utf-8", "replace") == streamed.texts()[(0, 0)]
+    assert list(top_arrays(echoed, "output_token_texts")) == shares and echoed.texts()[(0, 0)].endswith(text)
+    if prompt.isascii():
+        assert text.isascii()
+    else:  # the multi-byte case is exercised: some token holds only part of a character
+        assert not text.isascii() and any(_not_utf8(share) for share in shares), text
+    plain = generate(server, exclude_input_in_output=True, prompts=[prompt], max_tokens=4)
+    assert plain.responses[-1].as_numpy("output_token_texts") is None  # not asked for
+
+
+def _not_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
 def test_penalties_change_the_text_as_transformers_processors_do(server):
     import torch
     from transformers import AutoModelForCausalLM
@@ -303,6 +398,8 @@ def test_what_no_engine_honours_is_invalid_arg_naming_it(server, name):
     ({"guided_decoding_guide_type": "regex", "guided_decoding_guide": "[a-"}, "guided_decoding_guide: regex does not compile"),
     ({"guided_decoding_guide_type": "xml", "guided_decoding_guide": "<a/>"}, "guided_decoding_guide_type: 'xml' must be one of"),
     ({"bad_words": ["w"] * 17}, "bad_words: 17 words is over the limit of 16"),
+    ({"top_logprobs": 21}, "top_logprobs: 21 is outside 0..20"),
+    ({"top_logprobs": -1}, "top_logprobs: -1 is outside 0..20"),
 ])
 def test_bad_values_get_an_error_naming_the_input_and_limit(server, inputs, named):
     message = error_of(server, **inputs)

@@ -1,6 +1,6 @@
 """SIGKILL of one Python stub of each model under a steady load through its ensemble (`embed`
 or `generate`), on one real tritonserver in explicit model control with
-tritonfront.watchdog (python_backend/tritonfront/watchdog.py) beside it: every request in flight at the kill ends (answered, or
+tritonfront.watchdog (src/tritonfront/watchdog/__init__.py) beside it: every request in flight at the kill ends (answered, or
 with the backend's error naming the dead instance) within HANG_S; the ensemble answers again,
 equal to its answer before the kill, within RECOVER_S (the watchdog reloads the model in place
 through the repository API); the server is ready; and the stubs of the model's old version

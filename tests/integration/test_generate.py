@@ -13,7 +13,8 @@ from harness.clients.kserve import generate_inputs, tensor
 from harness.clients.streams import Streams, single_error
 from harness.corpora import PROMPTS
 from harness.deploy import write_deployment
-from harness.references import greedy_reference, llm_tokenizer as tokenizer, prompt_ids
+from harness.model_tokenizers import llm_tokenizer as tokenizer
+from harness.references import greedy_reference, prompt_ids
 from harness.server import triton_server
 from harness.triton_metrics import rank_values as metric_values
 

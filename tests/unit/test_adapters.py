@@ -1,4 +1,4 @@
-"""The model.py adapters and python_backend/triton_glue.py against a fake Triton Python backend
+"""The model.py adapters and src/tritonfront/stubs/glue.py against a fake Triton Python backend
 (fake_pb_utils.py installed as triton_python_backend_utils), as Triton's stub drives them: the
 committed config.pbtxt as initialize's args, requests in, responses or decoupled sends out.
 Tokenizers, encoder and pooling head are the bundled models; the llm's engine is a small fake."""
@@ -17,14 +17,16 @@ import pytest
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritonfront import model_sources
-from tritonfront.delivery import SLOTS, Acknowledger, ack_table_path, model_key
+from tritonfront.core import model_sources
+from tritonfront.core.delivery import SLOTS, Acknowledger, ack_table_path, model_key
 from tritonfront.engines import Engine, EngineOutput
-from tritonfront.model_config import ConfigError
-from tritonfront.shared_tables import open_rows, table_path
-from tritonfront.tokenization import BatchTokenizer, TextRequest
+from tritonfront.core.model_config import ConfigError
+from tritonfront.core.shared_tables import open_rows, table_path
+from tritonfront import stubs
+from tritonfront.core.tokenization import BatchTokenizer, TextRequest
 
 ROOT = Path(__file__).resolve().parents[2]
+GLUE = "tritonfront.stubs.glue"
 LLM_NAMES = itertools.count()
 
 
@@ -38,7 +40,9 @@ def fake_pb_utils():
 @contextlib.contextmanager
 def installed(fake):
     """`fake` as triton_python_backend_utils, with the glue imported afresh on top of it."""
-    saved = {name: sys.modules.pop(name, None) for name in ("triton_python_backend_utils", "triton_glue")}
+    saved = {name: sys.modules.pop(name, None) for name in ("triton_python_backend_utils", GLUE)}
+    # `from tritonfront.stubs import glue` returns the package's attribute when it has one.
+    saved_attribute = vars(stubs).pop("glue", None)
     sys.modules["triton_python_backend_utils"] = fake
     try:
         yield fake
@@ -47,6 +51,9 @@ def installed(fake):
             sys.modules.pop(name, None)
             if module is not None:
                 sys.modules[name] = module
+        vars(stubs).pop("glue", None)
+        if saved_attribute is not None:
+            stubs.glue = saved_attribute
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tritonfront.balancing import BalancingGate, LoadTable, remove_stale_tables, table_path
-from tritonfront.devices import instance_rank
-from tritonfront.load import Load
+from tritonfront.core.balancing import BalancingGate, LoadTable, remove_stale_tables, table_path
+from tritonfront.core.devices import instance_rank
+from tritonfront.core.rank_load import Load
 
 
 def rank_process(path, rank, ranks, commands, replies):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from tritonfront.errors import InvalidInput
-from tritonfront.generation_request import GenerationRequest, ResponseOptions, parse_batch, sequence_seed
-from tritonfront.trtllm_contract import MAX_RETURN_SEQUENCES, MAX_SEQUENCES_PER_REQUEST, UNSUPPORTED
+from tritonfront.core.generation_request import GenerationRequest, ResponseOptions, parse_batch, sequence_seed
+from tritonfront.core.trtllm_contract import MAX_RETURN_SEQUENCES, MAX_SEQUENCES_PER_REQUEST, UNSUPPORTED
 
 VOCAB, CONTEXT = 1000, 64
 
@@ -124,7 +124,8 @@ def test_response_options_and_the_deployment_default_for_exclude():
                    return_perf_metrics=column(True), return_num_input_tokens=column(True),
                    return_num_output_tokens=column(True))
     assert (default_in.options.exclude_input, default_out.options.exclude_input) == (False, True)
-    assert asked.options == ResponseOptions(False, True, True, True, True)
+    assert asked.options == ResponseOptions(exclude_input=False, log_probs=True, perf_metrics=True,
+                                           num_input_tokens=True, num_output_tokens=True)
 
 
 @pytest.mark.parametrize("changes, message", [

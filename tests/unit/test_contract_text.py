@@ -5,10 +5,10 @@ prompt and answer, contract outputs pass through, text_output has no second dime
 import numpy as np
 import pytest
 
-from tritonfront import model_sources
-from tritonfront.detokenization import DetokenizeRequest, StreamDetokenizer
+from tritonfront.core import model_sources
+from tritonfront.core.detokenization import DetokenizeRequest, StreamDetokenizer
 from tritonfront.errors import InvalidInput
-from tritonfront.tokenization import MAX_STOP_WORDS, PromptBatch, PromptRequest, PromptTokenizer
+from tritonfront.core.tokenization import MAX_STOP_WORDS, PromptBatch, PromptRequest, PromptTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,29 @@ def test_contract_outputs_pass_through_only_when_sent(detokenizer):
                                               DetokenizeRequest.parse(chunk([100]))], lambda delivery: None)
     assert {name: with_them[name].tolist() for name in sent} == {name: value.tolist() for name, value in sent.items()}
     assert not set(sent) & set(without)
+
+
+def test_per_token_texts_and_top_alternatives_from_the_llms_tensors(tokenizers, detokenizer):
+    """What the llm sends for tritonfront's extension: the top ids and log probs pass through, their
+    texts and (on the flag) the tokens' own are added; a whole answer's echoed prompt is context."""
+    _, reference = tokenizers
+    prompt_ids = reference("Grüße aus", add_special_tokens=False).input_ids
+    answer_ids = reference(" Köln ✓", add_special_tokens=False).input_ids
+    n = len(answer_ids)
+    other, = reference(" and", add_special_tokens=False).input_ids
+    top_ids = np.array([[[[token, other] for token in answer_ids]]], dtype=np.int32)
+    top_log_probs = np.array([[[[-0.1, -3.0]] * n]], dtype=np.float32)
+    sent = chunk(answer_ids, echo_ids=np.array([prompt_ids], dtype=np.int32), output_top_ids=top_ids,
+                 output_top_log_probs=top_log_probs, return_token_texts=np.array([[True]]))
+    out, = detokenizer.respond([DetokenizeRequest.parse(sent)], lambda delivery: None)
+    assert out["output_top_ids"].tolist() == top_ids.tolist()
+    assert out["output_top_log_probs"].tolist() == top_log_probs.tolist()
+    shares = out["output_token_texts"]
+    assert shares.shape == (1, 1, n) and b"".join(shares[0, 0]).decode() == " Köln ✓"
+    assert out["output_top_texts"].shape == (1, 1, n, 2)
+    assert out["output_top_texts"][0, 0, :, 0].tolist() == shares[0, 0].tolist()
+    assert set(out["output_top_texts"][0, 0, :, 1]) == {b" and"}  # wherever it stood
+    assert "return_token_texts" not in out  # the flag is the detokenizer's, not the client's
 
 
 def test_a_cancelled_requests_chunk_is_answered_but_never_acknowledged(detokenizer):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from tritonfront.core_sharing import CoreShare
-from tritonfront.shared_tables import open_rows, table_path
+from tritonfront.core.core_sharing import CoreShare
+from tritonfront.core.shared_tables import open_rows, table_path
 
 
 def shares(tmp_path, instances=2, cores=2):

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from tritonfront.delivery import NO_SLOT, SLOTS, Acknowledger, DeliveryTracker, ack_table_path, model_key
-from tritonfront.shared_tables import open_rows
+from tritonfront.core.delivery import NO_SLOT, SLOTS, Acknowledger, DeliveryTracker, ack_table_path, model_key
+from tritonfront.core.shared_tables import open_rows
 
 
 class Clock:

@@ -3,6 +3,7 @@ batches with other streams, must join to the one-shot decode of the whole comple
 import json
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -10,9 +11,15 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from harness.chunks import chunk_stream
 from harness.corpora import MULTILINGUAL as TEXTS
-from tritonfront.detokenization import DETOKENIZER_WINDOW, Chunk, StreamDetokenizer, _byte_level_alphabet
+from tritonfront.core.detokenization import (
+    DETOKENIZER_WINDOW,
+    Chunk,
+    DetokenizeRequest,
+    StreamDetokenizer,
+    _byte_level_alphabet,
+)
 from tritonfront.errors import InvalidInput
-from tritonfront.model_sources import embed_model_dir, llm_model_dir
+from tritonfront.core.model_sources import embed_model_dir, llm_model_dir
 
 # Sentences for the tokenizers trained here: they cover the Latin, Greek, Cyrillic and some CJK
 # letters of TEXTS but no emoji, so emoji (and the rest of the CJK) take the byte-fallback path.
@@ -301,3 +308,93 @@ def test_random_ids_give_text_or_a_named_error_per_request(streams):
             assert all(isinstance(text, str) for text in result)
         else:
             assert isinstance(result, InvalidInput) and result.field in ("output_ids", "context_ids")
+
+
+# Per-token texts (output_token_texts, output_top_texts): each token's share of the text's bytes.
+
+def shares_of(detokenizer, ids: list[int]) -> list[bytes]:
+    return detokenizer.token_shares([ids[:i] for i in range(len(ids))], ids)
+
+
+def token_requests(ids: list[int], sizes: list[int], top: int = 0, empty_final: bool = False) -> list[DetokenizeRequest]:
+    """The detokenizer requests of a stream cut as `sizes`, asking for per-token texts (and
+    for the texts of `top` made-up alternatives per token: the token itself and its neighbours)."""
+    requests = []
+    for chunk in chunk_stream(ids, sizes, empty_final=empty_final):
+        top_ids = None
+        if top:
+            top_ids = np.array([[[[token] + [(token + j) % 300 for j in range(1, top)] for token in chunk.output_ids]]],
+                               dtype=np.int32).reshape(1, 1, len(chunk.output_ids), top)
+        requests.append(DetokenizeRequest([chunk], {}, None, [0], True, top_ids))
+    return requests
+
+
+def streamed_shares(detokenizer, requests) -> tuple[list[str], list[bytes], list]:
+    outputs = detokenizer.respond(requests, lambda stamps: None)
+    texts = [out["text_output"][0].decode() for out in outputs]
+    shares = [share for out in outputs for share in out["output_token_texts"][0, 0].tolist()]
+    tops = [row for out in outputs if "output_top_texts" in out for row in out["output_top_texts"][0, 0].tolist()]
+    return texts, shares, tops
+
+
+@pytest.mark.parametrize("text_name", list(TEXTS))
+def test_token_shares_join_to_the_text(setup, text_name):
+    name, tokenizer, detokenizer = setup
+    ids = encode(tokenizer, TEXTS[text_name])
+    shares = shares_of(detokenizer, ids)
+    assert len(shares) == len(ids)
+    assert b"".join(shares).decode("utf-8") == reference(tokenizer, ids), name
+    if name in BYTE_LEVEL:
+        # Bytes-level: every token holds exactly its own bytes, a part of a character included.
+        assert shares == [detokenizer._bytes[i] for i in ids]
+
+
+def test_a_token_that_splits_a_character_holds_its_part_of_the_bytes():
+    tokenizer, detokenizer = _get("smollm2")
+    ids = encode(tokenizer, "ok ") + _byte_tokens(detokenizer, "é🎉".encode())
+    shares = shares_of(detokenizer, ids)
+    assert shares[-6:] == [b"\xc3", b"\xa9", b"\xf0", b"\x9f", b"\x8e", b"\x89"]
+    assert b"".join(shares).decode() == "ok é🎉"
+    # Cut before the emoji completes: the raw bytes, which decode to the U+FFFD the text shows.
+    cut = ids[:-2]
+    assert b"".join(shares_of(detokenizer, cut)).decode("utf-8", "replace") == reference(tokenizer, cut) == "ok é\ufffd"
+
+
+@pytest.mark.parametrize("name", list(TOKENIZERS))
+@pytest.mark.parametrize("sizes", [[1], [2], [3, 1, 5], [40]])
+def test_streamed_token_texts_equal_whole_and_join_to_the_text(name, sizes):
+    tokenizer, detokenizer = _get(name)
+    ids = encode(tokenizer, TEXTS["emoji"] + " " + TEXTS["cjk"])
+    whole = shares_of(detokenizer, ids)
+    texts, shares, tops = streamed_shares(detokenizer, token_requests(ids, sizes * len(ids), top=3))
+    assert shares == whole
+    assert b"".join(shares).decode("utf-8", "replace") == "".join(texts) == reference(tokenizer, ids)
+    # An alternative's text is the share it would have had there: the chosen token's own.
+    assert [row[0] for row in tops] == whole and all(len(row) == 3 for row in tops)
+
+
+def test_special_tokens_have_empty_shares():
+    tokenizer, detokenizer = _get("smollm2")
+    ids = encode(tokenizer, "Hello 世界")
+    ids[3:3] = tokenizer.all_special_ids[:2]
+    shares = shares_of(detokenizer, ids)
+    assert shares[3:5] == [b"", b""] and b"".join(shares).decode() == reference(tokenizer, ids)
+
+
+def test_per_token_outputs_only_when_asked_and_top_ids_checked():
+    tokenizer, detokenizer = _get("smollm2")
+    [chunk] = chunk_stream(encode(tokenizer, "Hi there"), [10])
+    plain = detokenizer.respond([DetokenizeRequest([chunk], {}, None, [0])], lambda stamps: None)[0]
+    assert "output_token_texts" not in plain and "output_top_texts" not in plain
+    n = len(chunk.output_ids)
+    bad_shape = np.zeros((1, 1, n + 1, 2), dtype=np.int32)
+    out_of_vocab = np.full((1, 1, n, 2), detokenizer.vocab_size, dtype=np.int32)
+    for top_ids, message in ((bad_shape, f"must be [1, 1, {n}, k]"), (out_of_vocab, "outside the vocabulary")):
+        [error] = detokenizer.respond([DetokenizeRequest([chunk], {}, None, [0], False, top_ids)], lambda stamps: None)
+        assert isinstance(error, InvalidInput) and error.field == "output_top_ids" and message in str(error)
+    # Padding (-1) where an engine gave fewer alternatives: an empty text.
+    padded = np.full((1, 1, n, 2), -1, dtype=np.int32)
+    padded[0, 0, :, 0] = chunk.output_ids
+    [out] = detokenizer.respond([DetokenizeRequest([chunk], {}, None, [0], False, padded)], lambda stamps: None)
+    assert out["output_top_texts"].shape == (1, 1, n, 2) and set(out["output_top_texts"][0, 0, :, 1]) == {b""}
+    assert b"".join(out["output_top_texts"][0, 0, :, 0]).decode() == "Hi there"

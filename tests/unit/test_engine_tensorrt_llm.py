@@ -1,141 +1,39 @@
 """The TensorRT-LLM adapter's mapping of every sampling feature onto TensorRT-LLM's LLM API, against a
-fake `tensorrt_llm` package that records what it is given (TensorRT-LLM needs a GPU and cannot be
-installed here: this checks our side of the documented API, not TensorRT-LLM itself)."""
-import asyncio
+fake `tensorrt_llm` built from the adapter's API manifest (tests/unit/fake_tensorrt_llm.py): it
+refuses any name the manifest lacks and behaves as TensorRT-LLM 1.2 does where the adapter depends on
+it. TensorRT-LLM needs a GPU and cannot be installed here: this checks our side of its API, not
+TensorRT-LLM itself (scripts/verify_gpu.sh does that)."""
 import sys
 import time
-import types
-from dataclasses import dataclass, field
 
 import pytest
 
-from tritonfront import model_sources
+import fake_tensorrt_llm as fake
+from fake_tensorrt_llm import Token
+from tritonfront.core import model_sources
 from tritonfront.engines import EngineConfig, EngineOutput, SamplingParams
 from tritonfront.engines.base import GuidedDecoding
+from tritonfront.engines.tensorrt_llm_releases import MAX_LOGPROBS_PER_TOKEN, RELEASE_LINES
 from tritonfront.errors import InvalidInput
 
 EOS = 2
+CONFIG = EngineConfig(kv_cache_tokens=4096, max_batch_tokens=512)
 
 
-class Recorded:
-    """Keeps its keyword arguments, as TensorRT-LLM's parameter classes take them."""
-
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-
-
-@dataclass
-class Logprob:
-    logprob: float
-    rank: int = 0
-
-
-@dataclass
-class FakeCompletion:
-    token_ids_diff: list
-    logprobs_diff: list = field(default_factory=list)
-    finish_reason: str = None
-
-
-@dataclass
-class FakeOutput:
-    outputs: list
-    finished: bool
-
-
-class FakeResult:
-    def __init__(self, steps):
-        self.steps, self.aborted = steps, False
-
-    def __aiter__(self):
-        return self._iterate()
-
-    async def _iterate(self):
-        for step in self.steps:
-            await asyncio.sleep(0)
-            yield step
-
-    def abort(self):
-        self.aborted = True
-
-
-class FakeLLM:
-    instances = []
-
-    def __init__(self, **kwargs):
-        self.kwargs, self.requests, self.steps = kwargs, [], []
-        FakeLLM.instances.append(self)
-
-    def generate_async(self, prompt_ids, sampling_params, streaming):
-        self.requests.append((prompt_ids, sampling_params, streaming))
-        return FakeResult(self.steps)
-
-    def shutdown(self):
-        pass
-
-
-@pytest.fixture
-def engine(monkeypatch):
-    package = types.ModuleType("tensorrt_llm")
-    package.LLM, package.SamplingParams = FakeLLM, Recorded
-    llmapi = types.ModuleType("tensorrt_llm.llmapi")
-    llmapi.KvCacheConfig = Recorded
-    sampling_params = types.ModuleType("tensorrt_llm.sampling_params")
-    sampling_params.GuidedDecodingParams = Recorded
-    for name, module in (("tensorrt_llm", package), ("tensorrt_llm.llmapi", llmapi),
-                         ("tensorrt_llm.sampling_params", sampling_params)):
+def start(monkeypatch, version: str = fake.VERSION):
+    for name, module in fake.modules(version).items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "unchanged")
     from tritonfront.engines.tensorrt_llm import TensorRTLLMEngine
 
-    engine = TensorRTLLMEngine.from_folder(model_sources.llm_model_dir(), "cuda:0", EngineConfig(kv_cache_tokens=4096))
+    return TensorRTLLMEngine.from_folder(model_sources.llm_model_dir(), "cuda:0", CONFIG)
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    engine = start(monkeypatch)
     yield engine
     engine.shutdown()
-
-
-def test_the_llm_is_built_for_guided_decoding_with_its_tokenizer(engine):
-    kwargs = FakeLLM.instances[-1].kwargs
-    assert kwargs["guided_decoding_backend"] == "xgrammar" and not kwargs.get("skip_tokenizer_init")
-    assert engine.eos_token_ids == {EOS} and engine.context_length == 4096
-
-
-def test_greedy_leaves_sampling_unset_and_maps_no_feature_it_was_not_asked_for(engine):
-    for greedy in (SamplingParams(max_tokens=8), SamplingParams(max_tokens=8, temperature=0.0, top_p=0.5)):
-        options = engine._sampling(greedy).kwargs
-        assert options == {"max_tokens": 8, "end_id": EOS, "pad_id": EOS, "detokenize": False, "stop_token_ids": None}
-
-
-def test_every_feature_reaches_tensorrt_llms_sampling_params(engine):
-    params = SamplingParams(max_tokens=8, temperature=0.5, top_k=40, random_seed=9, end_id=7, min_tokens=3,
-                            repetition_penalty=1.2, presence_penalty=-0.5, frequency_penalty=0.25,
-                            bad_words=((11,), (12,)), return_log_probs=True, top_logprobs=4,
-                            guided_decoding=GuidedDecoding("json_schema", '{"type": "object"}'))
-    options = engine._sampling(params).kwargs
-    assert options.pop("guided_decoding").kwargs == {"json": '{"type": "object"}'}
-    assert options == {"max_tokens": 8, "end_id": 7, "pad_id": 7, "detokenize": False, "stop_token_ids": [EOS],
-                       "temperature": 0.5, "top_k": 40, "top_p": 1.0, "seed": 9, "min_tokens": 3,
-                       "repetition_penalty": 1.2, "presence_penalty": -0.5, "frequency_penalty": 0.25,
-                       "bad_token_ids": [11, 12], "logprobs": 4}
-    assert engine._sampling(SamplingParams(max_tokens=8, return_log_probs=True)).kwargs["logprobs"] == 1
-
-
-@pytest.mark.parametrize("guided, expected", [
-    (GuidedDecoding("json"), {"json_object": True}),
-    (GuidedDecoding("regex", "[a-z]+"), {"regex": "[a-z]+"}),
-    (GuidedDecoding("ebnf_grammar", 'root ::= "a"'), {"grammar": 'root ::= "a"'}),
-])
-def test_guide_types_map_to_tensorrt_llms_guided_decoding_params(engine, guided, expected):
-    assert engine._sampling(SamplingParams(max_tokens=8, guided_decoding=guided)).kwargs["guided_decoding"].kwargs == expected
-
-
-def test_what_the_llm_api_cannot_take_is_refused_before_the_engine(engine):
-    engine.check_params(SamplingParams(max_tokens=8, bad_words=((5,), (6,))))
-    with pytest.raises(InvalidInput) as error:
-        engine.check_params(SamplingParams(max_tokens=8, bad_words=((5,), (6, 7))))
-    assert error.value.field == "bad_words[1]" and "single tokens" in str(error.value)
-    with pytest.raises(InvalidInput) as error:
-        engine.check_params(SamplingParams(max_tokens=8, guided_decoding=GuidedDecoding("regex", "[a-")))
-    assert error.value.field == "guided_decoding_guide" and "Unclosed '['" in str(error.value)
 
 
 def collect(engine, request_id: str, timeout: float = 10) -> list[EngineOutput]:
@@ -146,22 +44,178 @@ def collect(engine, request_id: str, timeout: float = 10) -> list[EngineOutput]:
     return outputs
 
 
-def test_streamed_log_probs_in_either_of_tensorrt_llms_shapes(engine):
-    llm = FakeLLM.instances[-1]
-    llm.steps = [FakeOutput([FakeCompletion([5, 6], [-0.5, -1.0])], False),
-                 FakeOutput([FakeCompletion([EOS], [{EOS: Logprob(-0.25, 2), 9: Logprob(-0.1, 1), 4: Logprob(-3.0, 3)}],
-                                            "stop")], True)]
-    engine.add("r", [1, 2, 3], SamplingParams(max_tokens=8, return_log_probs=True, top_logprobs=2))
-    first, last = collect(engine, "r")
-    assert (first.token_ids, first.log_probs, first.finished) == ([5, 6], [-0.5, -1.0], False)
+def run(engine, prompt, params: SamplingParams, script=None) -> list[EngineOutput]:
+    """One request through check_params and add, as the llm model runs it."""
+    if script is not None:
+        engine._llm.script = script
+    engine.check_params(params)
+    engine.add("r", prompt, params)
+    return collect(engine, "r")
+
+
+def test_the_llm_chunks_prefill_with_the_batch_token_budget_and_names_its_sampler(engine):
+    kwargs = engine._llm.kwargs
+    assert kwargs["guided_decoding_backend"] == "xgrammar" and not kwargs.get("skip_tokenizer_init")
+    assert kwargs["enable_chunked_prefill"] is True and kwargs["max_num_tokens"] == CONFIG.max_batch_tokens
+    assert kwargs["sampler_type"] == RELEASE_LINES["1.2"].sampler_type == "TorchSampler"
+    assert kwargs["kv_cache_config"].max_tokens == 4096 and kwargs["max_batch_size"] == CONFIG.max_num_seqs
+    assert engine.eos_token_ids == {EOS} and engine.context_length == 4096
+
+
+def test_a_prompt_longer_than_the_prefill_budget_is_generated(engine):
+    prompt = [7] * (CONFIG.max_batch_tokens + 100)
+    (output,) = run(engine, prompt, SamplingParams(max_tokens=4))
+    assert output.error is None and output.token_ids == [5]
+    assert engine._llm.requests[-1][0] == prompt
+
+
+def test_the_fake_refuses_a_long_prompt_without_chunked_prefill_as_tensorrt_llm_does():
+    llm = fake.LLM(max_num_tokens=8)
+    with pytest.raises(ValueError, match="max_num_tokens"):
+        llm.generate_async([1] * 9, sampling_params=fake.SamplingParams(max_tokens=1), streaming=True)
+    fake.LLM(max_num_tokens=8, enable_chunked_prefill=True).generate_async(
+        [1] * 9, sampling_params=fake.SamplingParams(max_tokens=1), streaming=True)
+
+
+def test_the_fake_refuses_names_outside_the_manifest():
+    with pytest.raises(TypeError, match="enable_chunked_prefil'"):
+        fake.LLM(enable_chunked_prefil=True)
+    with pytest.raises(TypeError, match="logprob_mode"):
+        fake.SamplingParams(logprob_mode=fake.LogprobMode.PROCESSED)
+    with pytest.raises(ValueError, match="sampler_type"):
+        fake.LLM(sampler_type="Torch")
+    with pytest.raises(AttributeError):
+        fake.CompletionOutput().token_ids_delta
+
+
+def test_a_release_line_not_checked_is_refused_at_start(monkeypatch):
+    with pytest.raises(ValueError, match=r"TensorRT-LLM 1\.3\.0 is not a release line .* \(1\.2\.x"):
+        start(monkeypatch, "1.3.0")
+    start(monkeypatch, "1.2.0rc8").shutdown()
+
+
+def test_greedy_leaves_sampling_unset_and_maps_no_feature_it_was_not_asked_for(engine):
+    for greedy in (SamplingParams(max_tokens=8), SamplingParams(max_tokens=8, temperature=0.0, top_p=0.5),
+                   SamplingParams(max_tokens=8, temperature=0.0, random_seed=3)):
+        engine.check_params(greedy)
+        options = engine._sampling(greedy).kwargs
+        assert options == {"max_tokens": 8, "end_id": EOS, "pad_id": EOS, "detokenize": False, "stop_token_ids": None}
+
+
+def test_every_applied_feature_reaches_tensorrt_llms_sampling_params(engine):
+    params = SamplingParams(max_tokens=8, temperature=0.5, top_k=40, end_id=7, return_log_probs=True, top_logprobs=4)
+    engine.check_params(params)
+    options = engine._sampling(params).kwargs
+    # A sampled token ranks within top_k: asking for top_k log probs always includes it.
+    assert options == {"max_tokens": 8, "end_id": 7, "pad_id": 7, "detokenize": False, "stop_token_ids": [EOS],
+                       "temperature": 0.5, "top_k": 40, "top_p": 1.0, "logprobs": 40,
+                       "logprobs_mode": fake.LogprobMode.PROCESSED}
+    greedy = engine._sampling(SamplingParams(max_tokens=8, return_log_probs=True)).kwargs
+    assert (greedy["logprobs"], greedy["logprobs_mode"]) == (1, fake.LogprobMode.PROCESSED)
+    assert engine._sampling(SamplingParams(max_tokens=8, top_logprobs=5)).kwargs["logprobs"] == 5
+
+
+def test_min_tokens_is_refused_where_another_end_token_would_still_end_the_request(engine):
+    params = SamplingParams(max_tokens=8, min_tokens=3)
+    engine.check_params(params)
+    assert engine._sampling(params).kwargs["min_tokens"] == 3
+    # end_id 7 is held back, but the model's EOS would still end the request before min_tokens.
+    with pytest.raises(InvalidInput) as error:
+        engine.check_params(SamplingParams(max_tokens=8, min_tokens=3, end_id=7))
+    assert error.value.field == "min_tokens" and f"[{EOS}]" in str(error.value)
+    engine.check_params(SamplingParams(max_tokens=8, min_tokens=3, end_id=EOS))
+
+
+@pytest.mark.parametrize("field, params", [
+    ("repetition_penalty", SamplingParams(max_tokens=8, repetition_penalty=1.2)),
+    ("presence_penalty", SamplingParams(max_tokens=8, presence_penalty=-0.5)),
+    ("frequency_penalty", SamplingParams(max_tokens=8, frequency_penalty=0.25)),
+    ("bad_words", SamplingParams(max_tokens=8, bad_words=((11,),))),
+    ("random_seed", SamplingParams(max_tokens=8, temperature=0.7, random_seed=9)),
+])
+def test_what_the_release_lines_sampler_does_not_apply_is_refused_by_name(engine, field, params):
+    with pytest.raises(InvalidInput) as error:
+        engine.check_params(params)
+    assert error.value.field == field
+    assert "TorchSampler" in str(error.value) and "TensorRT-LLM 1.2.1" in str(error.value)
+
+
+@pytest.mark.parametrize("name, value", [("repetition_penalty", 1.2), ("presence_penalty", 0.5),
+                                         ("frequency_penalty", 0.5), ("bad_token_ids", [11]), ("seed", 9)])
+def test_the_fake_sampler_flags_a_field_it_would_ignore(name, value):
+    with pytest.raises(fake.IgnoredBySampler, match=name):
+        fake.LLM(sampler_type="TorchSampler").generate_async(
+            [1], sampling_params=fake.SamplingParams(max_tokens=1, **{name: value}), streaming=True)
+
+
+def test_sampled_log_probs_need_a_top_k_that_bounds_the_sampled_tokens_rank(engine):
+    for params, field in ((SamplingParams(max_tokens=8, temperature=0.7, return_log_probs=True), "return_log_probs"),
+                          (SamplingParams(max_tokens=8, top_p=0.9, top_logprobs=2), "top_logprobs"),
+                          (SamplingParams(max_tokens=8, temperature=0.7, top_k=MAX_LOGPROBS_PER_TOKEN + 1,
+                                          return_log_probs=True), "return_log_probs")):
+        with pytest.raises(InvalidInput) as error:
+            engine.check_params(params)
+        assert error.value.field == field and f"top_k in 1..{MAX_LOGPROBS_PER_TOKEN}" in str(error.value)
+    engine.check_params(SamplingParams(max_tokens=8, temperature=0.7, top_k=MAX_LOGPROBS_PER_TOKEN,
+                                       return_log_probs=True))
+    engine.check_params(SamplingParams(max_tokens=8, top_p=0.9))  # no log probs: no limit
+
+
+@pytest.mark.parametrize("guided, expected", [
+    (GuidedDecoding("json"), {"json_object": True}),
+    (GuidedDecoding("json_schema", '{"type": "object"}'), {"json": '{"type": "object"}'}),
+    (GuidedDecoding("regex", "[a-z]+"), {"regex": "[a-z]+"}),
+    (GuidedDecoding("ebnf_grammar", 'root ::= "a"'), {"grammar": 'root ::= "a"'}),
+])
+def test_guide_types_map_to_tensorrt_llms_guided_decoding_params(engine, guided, expected):
+    assert engine._sampling(SamplingParams(max_tokens=8, guided_decoding=guided)).kwargs["guided_decoding"].kwargs == expected
+
+
+def test_a_guide_that_does_not_compile_is_refused_before_the_engine(engine):
+    with pytest.raises(InvalidInput) as error:
+        engine.check_params(SamplingParams(max_tokens=8, guided_decoding=GuidedDecoding("regex", "[a-")))
+    assert error.value.field == "guided_decoding_guide" and "Unclosed '['" in str(error.value)
+
+
+def test_streamed_log_probs_are_the_processed_distributions(engine):
+    script = [([Token(5, {5: -0.5, 6: -1.5}), Token(6, {6: -0.25, 5: -2.0})], None),
+              ([Token(EOS, {9: -0.1, EOS: -0.25, 4: -3.0})], "stop")]
+    first, last = run(engine, [1, 2, 3], SamplingParams(max_tokens=8, temperature=0.5, top_k=3, top_logprobs=2),
+                      script)
+    assert (first.token_ids, first.log_probs, first.finished) == ([5, 6], [-0.5, -0.25], False)
+    assert first.top_log_probs == [[(5, -0.5), (6, -1.5)], [(6, -0.25), (5, -2.0)]]
     assert (last.token_ids, last.log_probs, last.finish_reason) == ([EOS], [-0.25], "stop")
     assert last.top_log_probs == [[(9, -0.1), (EOS, -0.25)]]
-    prompt, sampling, streaming = llm.requests[-1]
-    assert prompt == [1, 2, 3] and streaming and sampling.kwargs["logprobs"] == 2
+    prompt, sampling, streaming = engine._llm.requests[-1]
+    assert prompt == [1, 2, 3] and streaming and sampling.logprobs == 3
+
+
+def test_a_sampled_token_missing_from_tensorrt_llms_log_probs_fails_the_request_by_saying_so(engine):
+    # Greedy asks for the step's top token only; here TensorRT-LLM's top token is another one (as a
+    # logit processor the log probs do not see could make it).
+    script = [([Token(5, {6: -0.1, 5: -2.5})], None), ([Token(6, {6: -0.1})], "length")]
+    (output,) = run(engine, [1], SamplingParams(max_tokens=2, return_log_probs=True), script)
+    assert output.finished and output.token_ids == []
+    assert "no log probability for the generated token 5" in output.error
+    assert engine._llm.results[-1].aborted()  # and TensorRT-LLM stops generating it
 
 
 def test_no_log_probs_unless_asked(engine):
-    FakeLLM.instances[-1].steps = [FakeOutput([FakeCompletion([5], [-0.5], "length")], True)]
-    engine.add("q", [1], SamplingParams(max_tokens=1))
-    (output,) = collect(engine, "q")
+    (output,) = run(engine, [1], SamplingParams(max_tokens=1), [([Token(5, {5: -0.5})], "length")])
     assert output.token_ids == [5] and output.log_probs == [] and output.top_log_probs == []
+    assert engine._llm.requests[-1][1].logprobs is None
+
+
+def test_cancel_aborts_tensorrt_llms_request_and_drops_its_outputs(engine):
+    # Paced so that the request is still generating when it is cancelled (1000 steps take >= 10 s).
+    engine._llm.script, engine._llm.step_seconds = [([Token(5)], None)] * 1000 + [([Token(5)], "length")], 0.01
+    engine.add("c", [1], SamplingParams(max_tokens=1001))
+    deadline = time.monotonic() + 10
+    while not engine._llm.results:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    engine.cancel("c")
+    while not engine._llm.results[-1].aborted():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert all(o.request_id != "c" for o in engine.outputs(0.1))

@@ -1,5 +1,5 @@
 """A request's sequences fanned out to the generation loop and joined back into one response
-stream (tritonfront.fanout): batch and sequence indices, one final flag after the last sequence,
+stream (tritonfront.core.fanout): batch and sequence indices, one final flag after the last sequence,
 one error for a failed request, what each request asked for beside text; and the log probs and
 times the loop's chunks carry for it."""
 import math
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from tritonfront.engines import Engine, EngineOutput, SamplingParams
-from tritonfront.fanout import GroupResponder, submit_group
-from tritonfront.generation import Completion, GenerationLoop
-from tritonfront.generation_request import GenerationRequest, ResponseOptions
-from tritonfront.trtllm_contract import PERF_METRIC_OUTPUTS, UNMEASURED_PERF_METRICS
+from tritonfront.core.fanout import GroupResponder, submit_group
+from tritonfront.core.generation_loop import Completion, GenerationLoop
+from tritonfront.core.generation_request import GenerationRequest, ResponseOptions
+from tritonfront.core.trtllm_contract import PERF_METRIC_OUTPUTS, UNMEASURED_PERF_METRICS
 
 EOS = 2
 
@@ -189,3 +189,40 @@ def test_without_engine_log_probs_each_id_has_nan():
     chunk, = Completion(3, stream=True).on_tokens([5, 6])
     assert chunk.output_ids == [5, 6] and all(math.isnan(p) for p in chunk.log_probs)
     assert chunk.first_token_ns == chunk.last_token_ns > 0
+
+
+def test_top_alternatives_travel_with_their_ids_through_stop_word_hold_back():
+    completion = Completion(3, stop_sequences=[[7, 8, 9]], eos_ids=frozenset({EOS}), stream=True)
+    top = {token: [(token, -0.1), (token + 1, -2.5)] for token in range(20)}
+    chunks = completion.on_tokens([5, 7, 8], log_probs=[-0.1] * 3, top_log_probs=[top[5], top[7], top[8]])
+    chunks += completion.on_tokens([6], log_probs=[-0.1], top_log_probs=[top[6]])
+    chunks += completion.on_tokens([7, 8, 9], log_probs=[-0.1] * 3, top_log_probs=[top[7], top[8], top[9]])
+    assert [(c.output_ids, c.top_log_probs) for c in chunks] == [([5], [top[5]]), ([7, 8, 6], [top[7], top[8], top[6]]),
+                                                                 ([], [])]
+    # An engine that gave none: an empty list per id.
+    chunk, = Completion(3, stream=True).on_tokens([5, 6], log_probs=[-0.1, -0.2])
+    assert chunk.top_log_probs == [(), ()]
+
+
+def test_top_logprobs_and_token_texts_on_request(setup):
+    engine, triton, loop = setup
+    options = ResponseOptions(True, log_probs=True, top_logprobs=3, token_texts=True)
+    submit_group(loop, "asked", sequences(stream=True, options=options))
+    submit_group(loop, "plain", sequences(stream=True))
+    ids = list(engine.added)
+    first = EngineOutput(ids[0], [100, 101], False, log_probs=[-0.5, -1.0],
+                         top_log_probs=[[(100, -0.5), (7, -1.5), (8, -2.0)], [(9, -0.75), (101, -1.0)]])
+    engine.pending = [first, EngineOutput(ids[1], [100], True)]
+    loop.step()
+    engine.pending = [EngineOutput(ids[0], [102], True, log_probs=[-0.25], top_log_probs=[[(102, -0.25), (3, -3.0),
+                                                                                          (4, -4.0)]])]
+    loop.step()
+    asked = [out for handle, out, _ in triton.sent if handle == "asked"]
+    assert [out["output_top_ids"].shape for out in asked] == [(1, 1, 2, 3), (1, 1, 1, 3)]
+    assert asked[0]["output_top_ids"].tolist() == [[[[100, 7, 8], [9, 101, -1]]]]  # padded where fewer came
+    assert asked[0]["output_top_log_probs"][0, 0, 1].tolist() == [-0.75, -1.0, -math.inf]
+    assert asked[1]["output_top_log_probs"].tolist() == [[[[-0.25, -3.0, -4.0]]]]
+    assert all(out["return_token_texts"].tolist() == [[True]] for out in asked)
+    assert [column(out, "output_log_probs") for out in asked] == [[-0.5, -1.0], [-0.25]]
+    plain = [out for handle, out, _ in triton.sent if handle == "plain"]
+    assert not {"output_top_ids", "output_top_log_probs", "return_token_texts"} & set(plain[0])

@@ -4,12 +4,12 @@ import threading
 import numpy as np
 import pytest
 
-from tritonfront.delivery import SLOTS, Acknowledger, DeliveryTracker, ack_table_path
+from tritonfront.core.delivery import SLOTS, Acknowledger, DeliveryTracker, ack_table_path
 from tritonfront.engines import Engine, EngineOutput, SamplingParams
-from tritonfront.generation import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerationLoop
-from tritonfront.generation_request import GenerationRequest
-from tritonfront.load import Load
-from tritonfront.shared_tables import open_rows
+from tritonfront.core.generation_loop import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerationLoop, TurnHooks
+from tritonfront.core.generation_request import GenerationRequest
+from tritonfront.core.rank_load import Load
+from tritonfront.core.shared_tables import open_rows
 
 EOS = 2
 
@@ -280,3 +280,39 @@ def test_a_final_chunk_behind_a_chunk_never_acknowledged_ends_as_cancelled(tmp_p
     assert [c.finish_reason for c in client.chunks["s"]] == ["", FINISH_CANCELLED]
     assert client.chunks["s"][-1].final and engine.cancelled == []  # it had left the engine
     assert loop.load().active_sequences == 0 and loop.load().cancelled_requests == 1
+
+
+class RecordingHooks(TurnHooks):
+    """Hands one request over per turn from a queue, as a benchmark variant would."""
+
+    def __init__(self):
+        self.queued, self.turns, self.failures = [], [], []
+
+    def before_turn(self, loop):
+        handled = 0
+        while self.queued:
+            loop.submit(*self.queued.pop(0))
+            handled += 1
+        return handled
+
+    def after_turn(self, seconds):
+        self.turns.append(seconds)
+
+    def on_fail_all(self, error):
+        self.failures.append(error)
+
+
+def test_hooks_see_busy_turns_only_and_the_loop_failing_everything(setup):
+    engine, client, loop, _ = setup
+    loop.hooks = hooks = RecordingHooks()
+    loop.step()
+    assert hooks.turns == []  # nothing to do: not a busy turn
+    hooks.queued.append(("a", GenerationRequest([5, 6], SamplingParams(max_tokens=4), (), True)))
+    loop.step()
+    assert list(engine.added) == ["req-0"] and len(hooks.turns) == 1 and hooks.turns[0] >= 0
+    engine.emit("req-0", [7])
+    loop.step()
+    assert len(hooks.turns) == 2 and [c.output_ids for c in client.chunks["a"]] == [[7]]
+    engine.broken = RuntimeError("engine died")
+    loop.step()
+    assert [str(e) for e in hooks.failures] == ["engine died"] and "a" in client.errors

@@ -4,7 +4,7 @@ import pytest
 
 from tritonfront.engines import SamplingParams
 from tritonfront.errors import InvalidInput
-from tritonfront.generation_request import GenerationRequest
+from tritonfront.core.generation_request import GenerationRequest
 
 VOCAB, CONTEXT = 1000, 64
 
@@ -37,6 +37,15 @@ def test_every_input_reaches_the_request():
     assert params.temperature == pytest.approx(0.7) and params.top_p == pytest.approx(0.9) and not params.greedy
 
 
+def test_top_logprobs_turn_the_log_probs_on_and_token_texts_are_asked_for_apart():
+    request = parse(top_logprobs=np.array([[4]], dtype=np.int32), return_token_texts=np.array([[True]]))
+    assert request.params.top_logprobs == 4 and request.params.wants_log_probs
+    assert request.options.log_probs and request.options.top_logprobs == 4 and request.options.token_texts
+    plain = parse(return_log_probs=np.array([[True]]))
+    assert plain.options.log_probs and plain.options.top_logprobs == 0 and not plain.options.token_texts
+    assert not parse().options.log_probs
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"input_ids": None}, "input_ids: is required"),
     ({"input_ids": np.array([[1], [2]], dtype=np.int32)}, "input_ids: shape [2, 1] must be [1, tokens]: one prompt per request"),
@@ -50,6 +59,7 @@ def test_every_input_reaches_the_request():
     ({"top_p": np.array([[0.0]], dtype=np.float32)}, "top_p: 0.0 must be in (0, 1]"),
     ({"top_k": np.array([[3], [4]], dtype=np.int32)}, "top_k: must have one value per request"),
     ({"stop_words_ids": np.array([[[1000]]], dtype=np.int32)}, "stop_words_ids[0]: token ids must be in 0..999"),
+    ({"top_logprobs": np.array([[21]], dtype=np.int32)}, "top_logprobs: 21 is outside 0..20"),
 ])
 def test_bad_inputs_are_named_with_their_limit(changes, message):
     with pytest.raises(InvalidInput) as error:

@@ -3,7 +3,7 @@ accepts, the compiler's own message for a malformed guide, and the cache."""
 import pytest
 import torch
 
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 from tritonfront.engines.base import GuidedDecoding
 from tritonfront.engines.guided import GuideCompiler, allocate_bitmask, apply_bitmask
 from tritonfront.errors import InvalidInput

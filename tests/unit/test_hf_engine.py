@@ -3,7 +3,7 @@ reproducible whatever shares the batch, and the per-request samplers do what the
 per-request features against transformers' own `generate` with the equivalent logits processors:
 penalties, min_tokens, bad words and log probs give what transformers gives, requests without
 features in the same batch stay exactly greedy, seeded sampling with penalties is reproducible, and
-guided output always parses against its guide."""
+guided output always parses against its guide. The samplers alone: tests/unit/test_sampling.py."""
 import json
 import math
 import re
@@ -14,10 +14,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 from tritonfront.engines import EngineConfig, EngineOutput, SamplingParams, create_engine
 from tritonfront.engines.base import GuidedDecoding
-from tritonfront.engines.hf import GumbelNoise, TopK, TopP, as_int32, gumbel_noise, noise_key
 from tritonfront.errors import InvalidInput
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
@@ -120,35 +119,6 @@ def test_cancelled_request_stops_and_others_go_on(engine, tokenizer):
     assert not [o for o in engine.outputs(0.2) if o.request_id == "long"]
 
 
-def test_gumbel_max_draws_follow_the_softmax():
-    logits = torch.tensor([2.0, 1.0, 0.5, -1.0, 0.0])
-    keys = torch.tensor([noise_key(7, position) for position in range(20000)], dtype=torch.int64)
-    draws = torch.argmax(logits + gumbel_noise(keys, len(logits)), dim=-1)
-    frequencies = torch.bincount(draws, minlength=len(logits)).float() / len(keys)
-    expected = torch.softmax(logits, -1)
-    assert torch.allclose(frequencies, expected, atol=0.015), (frequencies, expected)
-    assert torch.equal(gumbel_noise(keys[:3], 5), gumbel_noise(keys[:3], 5))  # a pure function of the key
-
-
-def packed(values, dtype):
-    return torch.tensor(values, dtype=dtype).view(torch.int32)
-
-
-def test_top_k_and_top_p_keep_what_they_should():
-    scores = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
-    kept_k = torch.isfinite(TopK()(scores, packed([2, 0, 9], torch.int32)))
-    assert kept_k.tolist() == [[True, True, False, False], [True] * 4, [True] * 4]
-    kept_p = torch.isfinite(TopP()(scores, packed([0.7, 0.85, 1.0], torch.float32)))
-    assert kept_p.tolist() == [[True, True, False, False], [True, True, True, False], [True] * 4]
-
-
-def test_rows_without_a_seed_get_no_noise():
-    scores = torch.randn(2, 50)
-    out = GumbelNoise()(scores, packed([0, as_int32(noise_key(1, 5))], torch.int32))
-    assert torch.equal(out[0], scores[0]) and not torch.equal(out[1], scores[1])
-    assert math.isfinite(out[1].sum().item())
-
-
 class PresenceFrequencyPenalty(LogitsProcessor):
     """TensorRT-LLM's presence and frequency penalties over the whole sequence, as a transformers
     processor (transformers has none)."""
@@ -204,6 +174,24 @@ def test_greedy_log_probs_equal_the_models_own(engine, tokenizer, model):
     for token, log_prob, top in zip(got.token_ids, got.log_probs, got.top_log_probs):
         assert len(top) == 3 and top[0] == (token, log_prob)  # greedy: the chosen token is the most likely
         assert top[0][1] >= top[1][1] >= top[2][1]
+
+
+def test_top_alternatives_under_penalties_equal_transformers_processed_scores(engine, tokenizer, model):
+    """With a penalty the processed distribution differs from the model's own: the alternatives and
+    their log probs are those of transformers' `scores` (after the penalty), the chosen token first."""
+    ids = tokenizer(PROMPTS[3]).input_ids
+    got = run(engine, {"t": (ids, SamplingParams(max_tokens=12, repetition_penalty=1.3, top_logprobs=4))})["t"]
+    out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=EOS, pad_token_id=EOS,
+                         repetition_penalty=1.3, output_scores=True, output_logits=True, return_dict_in_generate=True)
+    assert got.token_ids == out.sequences[0, len(ids):].tolist()
+    moved = 0.0
+    for token, log_prob, top, score, logits in zip(got.token_ids, got.log_probs, got.top_log_probs, out.scores,
+                                                    out.logits):
+        values, expected_ids = torch.log_softmax(score[0].float(), -1).topk(4)
+        assert [t for t, _ in top][0] == token == expected_ids[0].item() and top[0][1] == log_prob
+        assert max(abs(p - v) for (_, p), v in zip(top, values.tolist())) < 1e-4
+        moved = max(moved, abs(torch.log_softmax(logits[0].float(), -1)[token].item() - log_prob))
+    assert moved > 0.05, "the penalty did not move the distribution: the comparison proves nothing"
 
 
 def test_sampled_log_probs_are_those_of_the_truncated_distribution(engine, tokenizer):

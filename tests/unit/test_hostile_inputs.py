@@ -6,12 +6,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 from tritonfront.errors import InvalidInput
-from tritonfront.inputs import decode_texts
-from tritonfront.pooling import POOLING_MODES, DenseLayer, PoolingHead, truncate_dimensions
-from tritonfront.ragged import RaggedBatch, unpad
-from tritonfront.tokenization import BatchTokenizer, TextRequest
+from tritonfront.core.inputs import decode_texts
+from tritonfront.core.pooling import POOLING_MODES, DenseLayer, PoolingHead, truncate_dimensions
+from tritonfront.core.ragged import RaggedBatch, unpad
+from tritonfront.core.tokenization import BatchTokenizer, TextRequest
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

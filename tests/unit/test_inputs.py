@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tritonfront.errors import InvalidInput
-from tritonfront.inputs import optional_strings, required, scalar, strings
+from tritonfront.core.inputs import optional_strings, required, scalar, strings
 
 
 def test_required_names_the_missing_input():

@@ -1,8 +1,10 @@
 """The endpoint picker's configuration (deploy/kubernetes/base/endpoint-picker-config.yaml) against
 llm-d-router's documented fields (k8s_schemas), and against what tritonfront exports: the metric
-specs name tritonfront's model gauges of the served llm, parse as the picker parses them, and read
-the right values out of a metrics text; its references resolve; the replicas' engine label and
-metrics port are the ones it expects."""
+specs of the picker's built-in engine type the replicas are labelled with (llm-d-router v0.10.0,
+harness.picker.BUILT_IN_ENGINES) name series the llm model exports (tritonfront.core.rank_load.ROUTER_GAUGES),
+with the values of tritonfront's own model gauges; they parse as the picker parses them and read the
+right values out of a metrics text; its references resolve; OpenAI bodies are parsed; the replicas'
+engine label and metrics port are the ones it expects."""
 import copy
 from pathlib import Path
 
@@ -11,8 +13,9 @@ import pytest
 import yaml
 
 import k8s_schemas
-from harness.picker import ReplicaView, engine_mapping, parse_spec, pick, picker_config, plugin_parameters, read, view
-from tritonfront.load import MODEL_GAUGES
+from harness.picker import (BUILT_IN_ENGINES, MAPPING_FIELDS, ReplicaView, engine_mapping, parse_spec, pick,
+                            picker_config, plugin_parameters, read, view)
+from tritonfront.core.rank_load import MODEL_GAUGES, ROUTER_GAUGES
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = ROOT / "deploy" / "kubernetes" / "base" / "deployment.yaml"
@@ -41,11 +44,14 @@ def test_the_config_has_only_documented_fields_and_known_plugins():
 
 @pytest.mark.parametrize("break_it", [
     lambda c: c.update(schedulingProfile=c.pop("schedulingProfiles")),
-    lambda c: c["plugins"][1]["parameters"].update(prot=8002),
+    lambda c: c["plugins"][2]["parameters"].update(prot=8002),
     lambda c: c["plugins"].append({"type": "queue-scorrer"}),
     lambda c: c["schedulingProfiles"][0]["plugins"].append({"pluginRef": "missing"}),
-    lambda c: c["plugins"][2]["parameters"]["engineConfigs"][0].update(queuedRequestSpec="x"),
-    lambda c: c["plugins"][2]["parameters"]["engineConfigs"][0].update(kvUsageSpec="not a spec{"),
+    lambda c: c["plugins"][3]["parameters"].update(engineConfigs=[{"name": "x", "queuedRequestSpec": "x"}]),
+    lambda c: c["plugins"][3]["parameters"].update(engineConfigs=[{
+        "name": "x", "queuedRequestsSpec": "a", "runningRequestsSpec": "b", "kvUsageSpec": "not a spec{"}],
+        defaultEngine="x"),
+    lambda c: c["plugins"][0].update(type="openai-parsr"),
 ])
 def test_a_broken_config_fails(break_it):
     config = copy.deepcopy(picker_config())
@@ -54,15 +60,31 @@ def test_a_broken_config_fails(break_it):
         validate(config)
 
 
-def test_the_engine_mapping_reads_tritonfronts_model_gauges_of_the_served_llm():
+def test_the_engine_mapping_reads_the_router_gauges_of_the_served_llm():
     mapping = engine_mapping(picker_config())
-    served = yaml.safe_load("\n".join(line for line in (ROOT / "model_repository" / "llm" / "config.pbtxt")
-                                      .read_text().splitlines() if line.startswith("name:")))["name"]
-    assert {key: parse_spec(spec) for key, spec in mapping.items()} == {
-        "waiting": (MODEL_GAUGES["waiting_requests"].name, {"model": served}),
-        "running": (MODEL_GAUGES["running_requests"].name, {"model": served}),
-        "kv_cache": (MODEL_GAUGES["kv_cache_utilization"].name, {"model": served}),
-    }
+    extractor = plugin_parameters(picker_config(), "core-metrics-extractor")
+    assert "engineConfigs" not in extractor  # the picker's own definition of the engine type, unmodified
+    assert mapping == {key: BUILT_IN_ENGINES[extractor["defaultEngine"]][field] for key, field in MAPPING_FIELDS.items()}
+    fields = {"waiting": "waiting_requests", "running": "running_requests", "kv_cache": "kv_cache_utilization"}
+    for key, spec in mapping.items():
+        exported, labels = ROUTER_GAUGES[fields[key]]
+        assert parse_spec(spec) == (exported.name, labels)
+
+
+def test_the_router_gauges_carry_the_values_of_tritonfronts_own():
+    """What the picker reads (ROUTER_GAUGES) and README's names (MODEL_GAUGES) are set from one
+    ModelLoad field each (tests/unit/test_load.py checks the values set)."""
+    assert set(ROUTER_GAUGES) == set(MODEL_GAUGES)
+
+
+def test_openai_bodies_are_parsed_and_the_rest_passes_through():
+    config = picker_config()
+    types = {plugin.get("name", plugin["type"]): plugin["type"] for plugin in config["plugins"]}
+    parsers = [types[entry["pluginRef"]] for entry in config["requestHandler"]["parsers"]]
+    # First match by path wins; the passthrough parser claims no path, so it must come last.
+    assert parsers == ["openai-parser", "passthrough-parser"]
+    (profile,) = config["schedulingProfiles"]
+    assert "prefix-cache-scorer" in {types[entry["pluginRef"]] for entry in profile["plugins"]}
 
 
 def test_the_replicas_carry_the_engine_label_and_serve_metrics_where_the_picker_scrapes():
@@ -77,18 +99,19 @@ def test_the_replicas_carry_the_engine_label_and_serve_metrics_where_the_picker_
     assert source["port"] == ports["metrics"] and source["path"] == "/metrics"
 
 
-METRICS = """# TYPE tritonfront_num_requests_waiting gauge
-tritonfront_num_requests_waiting{model="llm_small"} 40
+METRICS = """# TYPE nv_trt_llm_request_metrics gauge
+nv_trt_llm_request_metrics{model="llm",request_type="waiting"} 7
+nv_trt_llm_request_metrics{model="llm",request_type="scheduled"} 3
+# TYPE nv_trt_llm_kv_cache_block_metrics gauge
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="llm"} 0.25
 tritonfront_num_requests_waiting{model="llm"} 7
-tritonfront_num_requests_running{model="llm"} 3
-tritonfront_kv_cache_utilization{model="llm"} 0.25
 tritonfront_llm_waiting_requests{model="llm",rank="0"} 1
 """
 
 
 def test_what_the_picker_reads_and_whom_it_prefers():
     mapping = engine_mapping(picker_config())
-    assert read(METRICS, mapping["waiting"]) == 7  # the served model's series, not another model's
+    assert read(METRICS, mapping["waiting"]) == 7  # the waiting series, not the scheduled one
     assert view(METRICS, mapping) == ReplicaView(waiting=7, running=3, kv_cache=0.25)
     with pytest.raises(LookupError):
         view("tritonfront_num_requests_waiting{model=\"llm\"} 1\n", mapping)

@@ -3,16 +3,19 @@ what the model's gauges a router reads add up to."""
 import re
 import threading
 
-from tritonfront.load import (CANCELLED_REQUESTS, LOAD_GAUGES, MODEL_GAUGES, GaugeThread, Load, LoadMetrics,
-                              ModelLoad, ModelLoadMetrics)
+from tritonfront.core.rank_load import (CANCELLED_REQUESTS, LOAD_GAUGES, MODEL_GAUGES, ROUTER_GAUGES, GaugeThread, Load,
+                              LoadMetrics, ModelLoad, ModelLoadMetrics)
 
 
 class Recorded:
-    def __init__(self, spec, calls):
-        self.spec, self.calls = spec, calls
+    def __init__(self, spec, calls, labels=None):
+        self.spec, self.calls, self.labels = spec, calls, labels
 
     def set(self, value):
-        self.calls.append((self.spec.name, "set", value))
+        if self.labels:
+            self.calls.append((self.spec.name, self.labels, "set", value))
+        else:
+            self.calls.append((self.spec.name, "set", value))
 
     def increment(self, value):
         self.calls.append((self.spec.name, "increment", value))
@@ -73,15 +76,21 @@ def test_the_model_gauges_follow_the_ranks_and_the_queue_and_survive_an_unreadab
     queue = iter([3, 3, None])
     model = ModelLoadMetrics(lambda: [Load(waiting_requests=1, active_sequences=2, kv_cache_blocks=1,
                                            kv_cache_capacity_blocks=4)],
-                             lambda: next(queue), lambda spec: Recorded(spec, calls))
+                             lambda: next(queue), lambda spec, labels=None: Recorded(spec, calls, labels))
     assert model.update() == ModelLoad(4, 1, 0.25)
     assert calls == [("tritonfront_num_requests_waiting", "set", 4), ("tritonfront_num_requests_running", "set", 1),
-                     ("tritonfront_kv_cache_utilization", "set", 0.25)]
+                     ("tritonfront_kv_cache_utilization", "set", 0.25),
+                     # the same totals under TensorRT-LLM backend's names (ROUTER_GAUGES)
+                     ("nv_trt_llm_request_metrics", {"request_type": "waiting"}, "set", 4),
+                     ("nv_trt_llm_request_metrics", {"request_type": "scheduled"}, "set", 1),
+                     ("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "fraction"}, "set", 0.25)]
     calls.clear()
     model.update()
     assert calls == []  # nothing changed
     assert model.update().waiting_requests == 1  # the queue unknown: what the ranks hold
-    assert calls == [("tritonfront_num_requests_waiting", "set", 1)]
+    assert calls == [("tritonfront_num_requests_waiting", "set", 1),
+                     ("nv_trt_llm_request_metrics", {"request_type": "waiting"}, "set", 1)]
+    assert set(ROUTER_GAUGES) == set(MODEL_GAUGES)
 
 
 def test_the_gauge_thread_updates_at_start_and_then_until_stopped():

@@ -1,11 +1,11 @@
-"""README's Metrics table lists every metric the library defines, with the type it is made with."""
+"""docs/metrics.md's tables list every metric the library defines, with the type it is made with."""
 import re
 from pathlib import Path
 
-from tritonfront import encoding, load
-from tritonfront.load import MetricSpec
+from tritonfront.core import encoding, rank_load as load
+from tritonfront.core.rank_load import MetricSpec
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
 def defined_metrics() -> list[MetricSpec]:
@@ -18,9 +18,9 @@ def defined_metrics() -> list[MetricSpec]:
 
 
 def documented() -> dict[str, str]:
-    """metric name -> its type, from the table under README's '### Metrics'."""
-    section = README.read_text().split("### Metrics\n", 1)[1].split("\n#", 1)[0]
-    rows = re.findall(r"^\| `(tritonfront_[a-z_]+)` \| (\w+) \|", section, flags=re.M)
+    """metric name -> its type, from the table under docs/metrics.md's '## Metrics'."""
+    section = METRICS_PAGE.read_text().split("## Metrics\n", 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| `((?:tritonfront|nv_trt_llm)_[a-z_]+)` \| (\w+) \|", section, flags=re.M)
     return dict(rows)
 
 
@@ -29,3 +29,12 @@ def test_every_metric_is_in_readme_with_its_type():
     assert len(specs) >= 14  # the llm's, the model totals, the encoder's
     table = documented()
     assert {spec.name: spec.kind for spec in specs} == table
+
+
+def test_every_front_metric_is_in_readme_with_its_type_and_labels():
+    from tritonfront.openai.metrics import METRICS
+
+    section = METRICS_PAGE.read_text().split("## The OpenAI front's metrics\n", 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| `([a-z0-9_:]+)` \| (\w+) \| ([a-z_, ]+) \|", section, flags=re.M)
+    table = {name: (kind, tuple(label.strip() for label in labels.split(","))) for name, kind, labels in rows}
+    assert table == {spec.name: (spec.kind, spec.labels) for spec in METRICS.values()}

@@ -6,9 +6,9 @@ import pytest
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritonfront import model_config
+from tritonfront.core import model_config
 from tritonfront.engines import DTYPES, EngineConfig
-from tritonfront.model_config import (CONFIGS, PARAMETERS, RELOAD_PARAMETER, ConfigError, LLMConfig, from_model_config,
+from tritonfront.core.model_config import (CONFIGS, PARAMETERS, RELOAD_PARAMETER, ConfigError, LLMConfig, from_model_config,
                                       parse, validate)
 
 ROOT = Path(__file__).resolve().parents[2]

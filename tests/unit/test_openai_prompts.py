@@ -1,11 +1,10 @@
 """Chat prompts rendered by the front reach the model as the ids transformers' own
-apply_chat_template(tokenize=True) gives, for the bundled LLM and for a tokenizer that adds a BOS;
-the text of each generated token is cut out of a response's text."""
+apply_chat_template(tokenize=True) gives, for the bundled LLM and for a tokenizer that adds a BOS."""
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 from tritonfront.openai.prompts import Prompts
 
 CONVERSATION = [
@@ -62,23 +61,3 @@ def test_a_bos_written_by_the_template_is_not_added_twice():
     prompt = prompts.chat(messages)
     assert not prompt.startswith("<s>")
     assert tokenizer(prompt, add_special_tokens=True)["input_ids"] == template_ids(tokenizer, messages)
-
-
-def test_token_texts_of_a_chunk(llm):
-    prompts, tokenizer = llm
-    text = " The capital of France is Paris."
-    count = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-    pieces = prompts.token_texts(text, count)
-    assert len(pieces) == count and "".join(pieces) == text and pieces[1] == " capital"
-    assert prompts.token_texts(" Paris", 1) == [" Paris"]
-    # A count re-encoding cannot give: the text goes with the last token.
-    assert prompts.token_texts(text, count + 1) == [""] * count + [text]
-
-
-def test_token_texts_keep_a_character_split_across_tokens_whole(llm):
-    prompts, tokenizer = llm
-    text = "日本"
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert len(ids) > 2  # byte-level pieces of multi-byte characters
-    pieces = prompts.token_texts(text, len(ids))
-    assert "".join(pieces) == text and "\ufffd" not in "".join(pieces) and len(pieces) == len(ids)

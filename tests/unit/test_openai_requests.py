@@ -5,7 +5,8 @@ import json
 import pytest
 
 from tritonfront.openai import config, schemas
-from tritonfront.openai.errors import OpenAIError, from_triton
+from tritonfront.openai.api_errors import OpenAIError
+from tritonfront.openai.triton_errors import from_triton
 
 CHAT = {"model": "generate", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -43,16 +44,20 @@ def test_a_good_chat_request_parses_with_openai_defaults():
     ({"seed": 2**64}, "seed", "less than or equal to"),
     ({"messages": []}, "messages", "at least 1 item"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "'system'"),
-    ({"messages": [{"role": "user"}]}, "messages[0].content", "is required"),
+    ({"messages": [{"role": "user"}]}, "messages[0]", "content is required"),
+    ({"messages": [{"role": "tool", "content": "21 C"}]}, "messages[0]", "a tool message needs tool_call_id"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {"name": "f"}}]}]},
+     "messages[0].tool_calls[0].function.arguments", "is required"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content", "parts of type 'image_url' are not supported"),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0].tool_calls", "Unrecognized"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages[0]",
+     "only an assistant message has tool_calls"),
     ({"max_new_tokens": 3}, "max_new_tokens", "Unrecognized request argument supplied: max_new_tokens"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when stream is true"),
     ({"top_logprobs": 2}, "top_logprobs", "only allowed when logprobs is true"),
     ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema is required"),
     ({"response_format": {"type": "xml"}}, "response_format.type", "'text', 'json_object' or 'json_schema'"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tool calling is not supported"),
+    ({"functions": [{"name": "f"}]}, "functions", "function calling is not supported"),
     ({"logit_bias": {"50256": -100}}, "logit_bias", "logit bias is not supported"),
 ])
 def test_a_bad_chat_field_is_named(fields, param, words):
@@ -66,6 +71,16 @@ def test_fields_that_ask_for_nothing_are_accepted():
     request = schemas.parse(schemas.ChatCompletionRequest, chat(tools=[], tool_choice="none", logit_bias={},
                                                                 parallel_tool_calls=False, store=False))
     assert request.tools == []
+
+
+def test_a_tool_call_history_parses():
+    history = [{"role": "user", "content": "Weather in Oslo?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": '{"city": "Oslo"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}]
+    request = schemas.parse(schemas.ChatCompletionRequest, chat(messages=history))
+    assert request.messages[1].tool_calls[0].function.arguments == '{"city": "Oslo"}'
+    assert request.messages[2].tool_call_id == "call_1"
 
 
 @pytest.mark.parametrize("body, words", [
@@ -103,6 +118,8 @@ def test_embedding_inputs_in_every_openai_shape(value, expected):
     ({"input": [[1], []]}, "input", "non-empty lists"),
     ({"input": [1, "a"]}, "input", "a list of a string, an integer"),
     ({"input": ["x"] * 2049}, "input", "2049 inputs is over the limit of 2048"),
+    ({"input": ""}, "input", "input: must not be an empty string"),
+    ({"input": ["a", ""]}, "input", "input[1] must not be an empty string"),
     ({"input": "x", "encoding_format": "hex"}, "encoding_format", "'float' or 'base64'"),
     ({"input": "x", "dimensions": 0}, "dimensions", "greater than or equal to 1"),
     ({"input": "x", "truncate": False}, "truncate", "Unrecognized"),

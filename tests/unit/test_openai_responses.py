@@ -1,6 +1,7 @@
 """How the OpenAI front answers, without a server: Triton's stream responses (stand-ins with the
-tritonclient InferResult API) read into chat and completion objects and SSE chunks; the stream's
-inactivity deadline and its cancellation; responses that stop when their client leaves."""
+tritonclient InferResult API) read by the Triton backend into deltas, and the deltas into chat and
+completion objects (openai.types) and SSE chunks; the stream's inactivity deadline and its
+cancellation. (The routes over a fake backend: test_openai_routes.py.)"""
 import asyncio
 import json
 from types import SimpleNamespace
@@ -8,13 +9,19 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tritonfront.openai import generation, sse
-from tritonfront.openai.errors import OpenAIError
-from tritonfront.openai.translate import Plan
-from tritonfront.openai.triton import FINAL_FLAG, Contract, Triton
+from tritonfront.openai import schemas, streaming
+from tritonfront.openai.api_errors import OpenAIError
+from tritonfront.openai.metrics import FrontMetrics
+from tritonfront.openai.serving_chat import ChatServing
+from tritonfront.openai.serving_completions import CompletionServing
+from tritonfront.openai.triton_backend import TritonBackend
+from tritonfront.openai.triton_client import FINAL_FLAG, Contract, TritonClient
 
-CONTRACT = Contract("generate", {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL"},
-                    frozenset({"text_output", "finish_reason", "prompt_tokens", "completion_tokens"}), 64)
+CONTRACT = Contract("generate", {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32",
+                                 "num_return_sequences": "INT32", "return_log_probs": "BOOL",
+                                 "return_token_texts": "BOOL"},
+                    frozenset({"text_output", "finish_reason", "prompt_tokens", "completion_tokens",
+                               "sequence_index"}), 64)
 
 
 class Result:
@@ -32,8 +39,9 @@ class Result:
         return SimpleNamespace(parameters={FINAL_FLAG: SimpleNamespace(bool_param=self.final)})
 
 
-def chunks(texts, prompt_tokens=5, reason="stop", sequence=None, log_probs=None):
-    """One sequence's responses: running completion counts, the reason on the last."""
+def chunks(texts, prompt_tokens=5, reason="stop", sequence=None, log_probs=None, token_texts=None):
+    """One sequence's responses: running completion counts, the reason on the last; with log probs,
+    one token per response, its bytes `token_texts[i]` (default: the response's text)."""
     out = []
     for i, text in enumerate(texts):
         last = i == len(texts) - 1
@@ -43,16 +51,21 @@ def chunks(texts, prompt_tokens=5, reason="stop", sequence=None, log_probs=None)
             outputs["sequence_index"] = sequence
         if log_probs is not None:
             outputs["output_log_probs"] = np.array([[[log_probs[i]]]], dtype=np.float32)
+            token = token_texts[i] if token_texts else text.encode()
+            outputs["output_token_texts"] = np.array([[[token]]], dtype=object)
         out.append(Result(last, **outputs))
     return out
 
 
 class FakeTriton:
-    """Triton.stream's stand-in: per prompt, the responses given."""
+    """TritonClient's stand-in: the contract, and per prompt the stream responses given."""
 
     def __init__(self, responses: dict):
         self.responses = responses
         self.sent = []
+
+    async def contract(self, model):
+        return CONTRACT
 
     async def stream(self, contract, inputs, outputs, params):
         prompt = next(i for i in inputs if i.name() == "text_input")
@@ -62,16 +75,36 @@ class FakeTriton:
 
 
 class Words:
-    """Prompts' stand-in for log-prob tokens: one token per response."""
+    """Prompts' stand-in: a chat prompt is the last message's text."""
+    has_chat_template = True
+    template_takes_tools = False
 
-    def token_texts(self, text, count):
-        return [text] if count == 1 else [""] * (count - 1) + [text]
+    def chat(self, messages, tools=None):
+        return messages[-1]["content"]
 
 
-def plan(prompts, n=1, **kwargs) -> Plan:
-    outputs = ["text_output", "finish_reason", "prompt_tokens", "completion_tokens"]
-    return Plan("generate", prompts, {"max_tokens": 8, "stream": True}, {"text_input": "prompt"}, outputs, n=n,
-                **kwargs)
+def chat(triton, **fields) -> ChatServing:
+    body = {"model": "generate", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0,
+            **fields}
+    return ChatServing(TritonBackend(triton), Words(), FrontMetrics()), \
+        schemas.parse(schemas.ChatCompletionRequest, json.dumps(body).encode())
+
+
+def completion(triton, prompts, **fields):
+    body = {"model": "generate", "prompt": prompts, "max_tokens": 8, "temperature": 0, **fields}
+    return CompletionServing(TritonBackend(triton), FrontMetrics()), \
+        schemas.parse(schemas.CompletionRequest, json.dumps(body).encode())
+
+
+def whole(serving_and_request) -> dict:
+    """The whole answer as the client receives it."""
+    serving, request = serving_and_request
+    return json.loads(streaming.json_bytes(run(serving.whole(request))))
+
+
+def streamed(serving_and_request) -> list:
+    serving, request = serving_and_request
+    return decoded(collect(serving.stream(request)))
 
 
 def run(coroutine):
@@ -95,7 +128,7 @@ def decoded(events: list[bytes]) -> list:
 
 def test_a_whole_chat_answer_from_streamed_chunks():
     triton = FakeTriton({"hi": chunks(["The", " capital", " is", " Paris."])})
-    answer = run(generation.Generation(triton, CONTRACT, plan(["hi"]), Words(), chat=True).whole())
+    answer = whole(chat(triton))
     assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-")
     assert answer["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "The capital is Paris."},
                                   "logprobs": None, "finish_reason": "stop"}]
@@ -104,8 +137,7 @@ def test_a_whole_chat_answer_from_streamed_chunks():
 
 def test_streamed_chat_chunks_join_to_the_answer_and_end_with_usage_then_done():
     triton = FakeTriton({"hi": chunks(["The", "", " end"], reason="length")})
-    events = decoded(collect(generation.Generation(triton, CONTRACT, plan(["hi"], include_usage=True), Words(),
-                                                   chat=True).events()))
+    events = streamed(chat(triton, stream=True, stream_options={"include_usage": True}))
     assert events[-1] == "[DONE]"
     *chunks_, usage, _ = events
     assert all(c["object"] == "chat.completion.chunk" and c["usage"] is None for c in chunks_)
@@ -119,9 +151,7 @@ def test_streamed_chat_chunks_join_to_the_answer_and_end_with_usage_then_done():
 def test_n_sequences_of_several_prompts_are_choices_in_openai_order():
     triton = FakeTriton({"a": chunks(["a0"], sequence=0, prompt_tokens=2) + chunks(["a1", "!"], sequence=1, prompt_tokens=2),
                          "b": chunks(["b1"], sequence=1, prompt_tokens=3) + chunks(["b0"], sequence=0, prompt_tokens=3)})
-    p = plan(["a", "b"], n=2)
-    p.outputs.append("sequence_index")
-    answer = run(generation.Generation(triton, CONTRACT, p, Words(), chat=False).whole())
+    answer = whole(completion(triton, ["a", "b"], n=2))
     assert [c["text"] for c in answer["choices"]] == ["a0", "a1!", "b0", "b1"]
     assert [c["index"] for c in answer["choices"]] == [0, 1, 2, 3]
     assert answer["usage"] == {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}
@@ -129,24 +159,28 @@ def test_n_sequences_of_several_prompts_are_choices_in_openai_order():
 
 def test_echo_puts_the_prompt_before_the_answer_whole_and_streamed():
     triton = FakeTriton({"Once": chunks([" upon", " a time"])})
-    whole = run(generation.Generation(triton, CONTRACT, plan(["Once"], echo=True), Words(), chat=False).whole())
-    assert whole["choices"][0]["text"] == "Once upon a time"
-    events = decoded(collect(generation.Generation(triton, CONTRACT, plan(["Once"], echo=True), Words(),
-                                                   chat=False).events()))
+    assert whole(completion(triton, "Once", echo=True))["choices"][0]["text"] == "Once upon a time"
+    events = streamed(completion(triton, "Once", echo=True, stream=True))
     assert "".join(e["choices"][0]["text"] for e in events[:-1]) == "Once upon a time"
 
 
 def test_log_probs_per_token_in_chat_and_completion_shapes():
     triton = FakeTriton({"hi": chunks(["A", "B"], log_probs=[-0.5, -1.25])})
-    p = plan(["hi"], logprobs=0)
-    p.outputs.append("output_log_probs")
-    chat = run(generation.Generation(triton, CONTRACT, p, Words(), chat=True).whole())
-    assert chat["choices"][0]["logprobs"] == {"content": [
+    answer = whole(chat(triton, logprobs=True))
+    assert answer["choices"][0]["logprobs"] == {"content": [
         {"token": "A", "logprob": -0.5, "bytes": [65], "top_logprobs": []},
         {"token": "B", "logprob": -1.25, "bytes": [66], "top_logprobs": []}]}
-    completion = run(generation.Generation(triton, CONTRACT, p, Words(), chat=False).whole())
-    assert completion["choices"][0]["logprobs"] == {"tokens": ["A", "B"], "token_logprobs": [-0.5, -1.25],
-                                                    "top_logprobs": None, "text_offset": [0, 1]}
+    answer = whole(completion(triton, "hi", logprobs=0))
+    assert answer["choices"][0]["logprobs"] == {"tokens": ["A", "B"], "token_logprobs": [-0.5, -1.25],
+                                                "top_logprobs": None, "text_offset": [0, 1]}
+
+
+def test_a_character_split_across_tokens_keeps_its_bytes_per_token():
+    """The detokenizer's per-token bytes: "é" over two tokens is two byte tokens, each shown as U+FFFD."""
+    triton = FakeTriton({"hi": chunks(["", "é"], log_probs=[-0.5, -1.0], token_texts=[b"\xc3", b"\xa9"])})
+    content = whole(chat(triton, logprobs=True))["choices"][0]["logprobs"]["content"]
+    assert [t["bytes"] for t in content] == [[0xC3], [0xA9]] and [t["token"] for t in content] == ["\ufffd"] * 2
+    assert bytes(b for t in content for b in t["bytes"]).decode() == "é"
 
 
 class FakeCall:
@@ -165,8 +199,8 @@ class FakeCall:
         self.cancelled = True
 
 
-def fake_triton_client(call: FakeCall, timeout: float) -> Triton:
-    triton = Triton.__new__(Triton)
+def fake_triton_client(call: FakeCall, timeout: float) -> TritonClient:
+    triton = TritonClient.__new__(TritonClient)
     triton.stream_timeout_s, triton._contracts = timeout, {}
     triton.client = SimpleNamespace(stream_infer=lambda requests: call)
     return triton
@@ -216,91 +250,43 @@ def test_leaving_a_stream_early_cancels_it():
     assert call.cancelled
 
 
-class Client:
-    """An ASGI client: what the app sent, and a receive() that reports a disconnect when told."""
+class EmbedClient:
+    """TritonClient's stand-in for embeddings: `embed` (texts, returns token counts) and `embed_ids`
+    (ids, embeddings only), max batch 2; each input embeds to its row number, each text counts 3."""
 
     def __init__(self):
-        self.sent = []
-        self.gone = asyncio.Event()
+        self.calls = []
 
-    async def receive(self):
-        await self.gone.wait()
-        return {"type": "http.disconnect"}
+    async def contract(self, model):
+        if model == "embed":
+            return Contract(model, {"text_input": "BYTES", "dimensions": "INT32"},
+                            frozenset({"embedding", "input_lengths"}), 2)
+        return Contract(model, {"input_ids": "INT32", "input_lengths": "INT32", "dimensions": "INT32"},
+                        frozenset({"embedding"}), 2)
 
-    async def send(self, message):
-        self.sent.append(message)
-
-    @property
-    def status(self):
-        return self.sent[0]["status"]
-
-    @property
-    def body(self):
-        return b"".join(m.get("body", b"") for m in self.sent[1:])
-
-
-def test_an_error_before_the_first_event_is_a_json_error_with_its_status():
-    async def events():
-        raise OpenAIError(503, "overloaded", type="service_unavailable_error", code="queue_full", retry_after=1)
-        yield b""
-
-    client = Client()
-    run(sse.EventStream(events())({}, client.receive, client.send))
-    assert client.status == 503
-    assert (b"retry-after", b"1") in client.sent[0]["headers"]
-    assert json.loads(client.body)["error"]["code"] == "queue_full"
+    async def infer(self, contract, inputs, outputs, params, offset=0):
+        arrays = {i.name(): np.frombuffer(i._raw_content, dtype=np.int32).reshape(i.shape())
+                  for i in inputs if i.datatype() == "INT32"}
+        rows = inputs[0].shape()[0]
+        self.calls.append((contract.model, offset, outputs, arrays))
+        embedding = np.arange(offset, offset + rows, dtype=np.float32).reshape(-1, 1)
+        if "input_lengths" in outputs:
+            return Result(True, embedding=embedding, input_lengths=np.full((rows, 1), 3, dtype=np.int32))
+        return Result(True, embedding=embedding)
 
 
-def test_an_error_after_the_first_event_is_an_error_event_without_done():
-    async def events():
-        yield sse.event({"n": 1})
-        raise OpenAIError(504, "quiet", type="server_error", code="stream_timeout")
-
-    client = Client()
-    run(sse.EventStream(events())({}, client.receive, client.send))
-    assert client.status == 200
-    body = client.body.decode()
-    assert body.startswith('data: {"n":1}\n\n') and '"code":"stream_timeout"' in body and "[DONE]" not in body
+def test_embeddings_count_the_tokens_the_ensemble_returns_in_requests_of_its_batch_size():
+    client = EmbedClient()
+    embedded = run(TritonBackend(client).embed("embed", ["a", "b", "c"], None))
+    assert embedded.vectors.reshape(-1).tolist() == [0, 1, 2] and embedded.prompt_tokens == 9
+    assert [(model, offset) for model, offset, _, _ in client.calls] == [("embed", 0), ("embed", 2)]
+    assert all(outputs == ["embedding", "input_lengths"] for _, _, outputs, _ in client.calls)
 
 
-def test_an_unexpected_exception_is_a_500_without_its_traceback():
-    async def events():
-        raise KeyError("secret internals")
-        yield b""
-
-    client = Client()
-    run(sse.EventStream(events())({}, client.receive, client.send))
-    assert client.status == 500
-    assert json.loads(client.body)["error"] == {"message": "internal error (KeyError)", "type": "server_error",
-                                                "param": None, "code": "internal_error"}
-
-
-@pytest.mark.parametrize("streamed", [True, False])
-def test_a_client_that_leaves_stops_the_work_at_once(streamed):
-    closed = asyncio.Event()
-
-    async def events():
-        try:
-            yield sse.event({"n": 1})
-            await asyncio.sleep(3600)
-            yield sse.event({"n": 2})
-        finally:
-            closed.set()
-
-    async def whole():
-        async for _ in events():
-            pass
-
-    async def go():
-        client = Client()
-        response = sse.EventStream(events()) if streamed else sse.WholeAnswer(whole())
-        task = asyncio.ensure_future(response({}, client.receive, client.send))
-        await asyncio.sleep(0.05)
-        client.gone.set()
-        await asyncio.wait_for(task, 5)
-        await asyncio.wait_for(closed.wait(), 5)
-        return client
-
-    client = run(go())
-    if not streamed:
-        assert client.sent == []  # nothing is sent to a client that left
+def test_token_ids_go_to_the_ids_ensemble_padded_with_their_lengths():
+    client = EmbedClient()
+    embedded = run(TritonBackend(client).embed("embed", [[101, 7, 102], [101, 102]], 16))
+    [(model, _, outputs, arrays)] = client.calls
+    assert model == "embed_ids" and outputs == ["embedding"] and embedded.prompt_tokens == 5
+    assert arrays["input_ids"].tolist() == [[101, 7, 102], [101, 102, 0]]
+    assert arrays["input_lengths"].tolist() == [[3], [2]] and arrays["dimensions"].tolist() == [[16], [16]]

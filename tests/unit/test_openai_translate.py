@@ -1,50 +1,45 @@
-"""OpenAI requests -> the generation ensemble's inputs (TensorRT-LLM's names), against the inputs a
-model declares: OpenAI's sampling defaults, the current or older input name, and a parameter whose
-input the model lacks refused by name."""
+"""OpenAI requests -> the serving modules' GenerationRequest -> the generation ensemble's inputs
+(TensorRT-LLM's names), against the inputs a model declares: OpenAI's sampling defaults, the current
+or older input name, and a parameter whose input the model lacks refused by name."""
 import json
 
 import pytest
 
-from tritonfront.openai import schemas, translate
-from tritonfront.openai.errors import OpenAIError
-from tritonfront.openai.triton import Contract
+from tritonfront.openai import schemas, triton_inputs
+from tritonfront.openai.api_errors import OpenAIError
+from tritonfront.openai.metrics import FrontMetrics
+from tritonfront.openai.serving_chat import ChatServing
+from tritonfront.openai.serving_completions import CompletionServing
+from tritonfront.openai.triton_client import Contract
+
+from fake_openai_backend import Prompts
 
 MAIN = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32", "top_k": "INT32",
         "top_p": "FP32", "random_seed": "UINT64", "stop_words": "BYTES", "end_id": "INT32",
         "apply_chat_template": "BOOL"}
 TRTLLM = {**{k: v for k, v in MAIN.items() if k != "random_seed"}, "seed": "UINT64", "random_seed": "UINT64",
           "num_return_sequences": "INT32", "presence_penalty": "FP32", "frequency_penalty": "FP32",
-          "repetition_penalty": "FP32", "min_tokens": "INT32", "return_log_probs": "BOOL",
+          "repetition_penalty": "FP32", "min_tokens": "INT32", "return_log_probs": "BOOL", "return_token_texts": "BOOL",
           "guided_decoding_guide_type": "BYTES", "guided_decoding_guide": "BYTES"}
 OUTPUTS = frozenset({"text_output", "finish_reason", "prompt_tokens", "completion_tokens", "sequence_index",
-                     "output_log_probs"})
+                     "output_log_probs", "output_token_texts"})
 
 
 def contract(inputs) -> Contract:
     return Contract("generate", inputs, OUTPUTS, 64)
 
 
-class Prompts:
-    has_chat_template = True
-    context_length = 100
-
-    def chat(self, messages):
-        return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
-
-    def room(self, prompt):
-        return self.context_length - len(prompt)
-
-
 def chat_plan(inputs=TRTLLM, default_max_tokens=0, **fields):
     body = {"model": "generate", "messages": [{"role": "user", "content": "hi"}], **fields}
     request = schemas.parse(schemas.ChatCompletionRequest, json.dumps(body).encode())
-    return translate.chat_plan(request, contract(inputs), Prompts(), default_max_tokens)
+    serving = ChatServing(None, Prompts(), FrontMetrics(), default_limit=default_max_tokens)
+    return triton_inputs.plan(serving.generation_request(request)[0], contract(inputs))
 
 
 def completion_plan(inputs=TRTLLM, **fields):
     body = {"model": "generate", "prompt": "Once", **fields}
-    return translate.completion_plan(schemas.parse(schemas.CompletionRequest, json.dumps(body).encode()),
-                                     contract(inputs))
+    request = schemas.parse(schemas.CompletionRequest, json.dumps(body).encode())
+    return triton_inputs.plan(CompletionServing(None, FrontMetrics()).generation_request(request), contract(inputs))
 
 
 def test_openai_samples_at_temperature_1_unless_told():
@@ -77,9 +72,10 @@ def test_every_sampling_parameter_reaches_its_input():
                            "seed": 2**64 - 1, "stop_words": ["\n"], "presence_penalty": 0.5,
                            "frequency_penalty": -0.5, "repetition_penalty": 1.1, "min_tokens": 2,
                            "num_return_sequences": 3, "stream": True, "return_log_probs": True,
+                           "return_token_texts": True,
                            "guided_decoding_guide_type": "json_schema", "guided_decoding_guide": '{"type": "object"}'}
     assert plan.n == 3 and plan.logprobs == 0
-    assert {"sequence_index", "output_log_probs"} <= set(plan.outputs)
+    assert {"sequence_index", "output_log_probs", "output_token_texts"} <= set(plan.outputs)
     assert plan.params["num_return_sequences"] == "n" and plan.params["guided_decoding_guide"] == "response_format"
 
 
@@ -107,16 +103,48 @@ def test_a_parameter_the_model_cannot_take_is_refused_by_name(fields, param, mis
     assert caught.value.message == f"{param}: model 'generate' cannot take it: it has no input {missing}"
 
 
-def test_top_logprobs_are_refused_the_contract_returns_the_chosen_token_only():
+def test_log_probs_need_the_tokens_texts_the_front_never_decodes_itself():
+    without = {k: v for k, v in TRTLLM.items() if k != "return_token_texts"}
+    with pytest.raises(OpenAIError) as caught:
+        chat_plan(without, logprobs=True)
+    assert caught.value.param == "logprobs" and "'return_token_texts'" in caught.value.message
+
+
+def test_top_logprobs_are_refused_by_a_model_without_the_extension():
     with pytest.raises(OpenAIError) as caught:
         chat_plan(logprobs=True, top_logprobs=2)
-    assert caught.value.param == "top_logprobs" and "use 0" in caught.value.message
+    assert caught.value.param == "top_logprobs" and "no input 'top_logprobs'" in caught.value.message
     assert chat_plan(logprobs=True, top_logprobs=0).inputs["return_log_probs"] is True
+
+
+def test_top_logprobs_ask_the_extension_for_alternatives_and_token_texts():
+    extended = {**TRTLLM, "top_logprobs": "INT32", "return_token_texts": "BOOL"}
+    plan = chat_plan(extended, logprobs=True, top_logprobs=3)
+    assert plan.inputs["top_logprobs"] == 3 and plan.inputs["return_token_texts"] is True
+    assert "return_log_probs" not in plan.inputs and plan.params["top_logprobs"] == "top_logprobs"
+    assert {"output_log_probs", "output_token_texts", "output_top_log_probs", "output_top_texts"} <= set(plan.outputs)
+    plan = completion_plan(extended, logprobs=0)
+    assert plan.inputs["return_log_probs"] is True and "output_top_texts" not in plan.outputs
+    assert "output_token_texts" in plan.outputs
+    plan = completion_plan(extended, logprobs=2)
+    assert plan.inputs["top_logprobs"] == 2 and plan.params["top_logprobs"] == "logprobs"
+
+
+def test_a_forced_tool_call_sends_its_guide():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
+    plan = chat_plan(tools=tools, tool_choice="required", max_tokens=8)
+    assert plan.inputs["guided_decoding_guide_type"] == "ebnf_grammar" and "root ::=" in plan.inputs["guided_decoding_guide"]
+    assert plan.params["guided_decoding_guide"] == "tools"
+    assert "guided_decoding_guide" not in chat_plan(tools=tools, max_tokens=8).inputs  # auto: the text is parsed
+    with pytest.raises(OpenAIError) as caught:
+        chat_plan(tools=tools, tool_choice="required", max_tokens=8, response_format={"type": "json_object"})
+    assert caught.value.param == "response_format"
 
 
 def test_completions_default_to_16_tokens_and_keep_their_prompts():
     plan = completion_plan(prompt=["a", "b"], echo=True)
-    assert plan.prompts == ["a", "b"] and plan.inputs["max_tokens"] == 16 and plan.echo
+    assert plan.prompts == ["a", "b"] and plan.inputs["max_tokens"] == 16
     assert plan.params["text_input"] == "prompt"
 
 
@@ -138,7 +166,7 @@ def test_a_model_without_a_chat_template_refuses_chat():
     request = schemas.parse(schemas.ChatCompletionRequest,
                             b'{"model": "generate", "messages": [{"role": "user", "content": "hi"}]}')
     with pytest.raises(OpenAIError) as caught:
-        translate.chat_plan(request, contract(TRTLLM), Plain())
+        ChatServing(None, Plain(), FrontMetrics()).generation_request(request)
     assert caught.value.param == "messages" and "no chat template" in caught.value.message
 
 

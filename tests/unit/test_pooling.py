@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from tritonfront import model_sources, ragged
-from tritonfront.encoding import RaggedEncoder
+from tritonfront.core import model_sources, ragged
+from tritonfront.core.encoding import RaggedEncoder
 from tritonfront.errors import InvalidInput
-from tritonfront.pooling import POOLING_MODES, DenseLayer, PoolingHead, pool, truncate_dimensions
-from tritonfront.ragged import RaggedBatch
-from tritonfront.tokenization import BatchTokenizer, TextRequest
+from tritonfront.core.pooling import POOLING_MODES, DenseLayer, PoolingHead, pool, truncate_dimensions
+from tritonfront.core.ragged import RaggedBatch
+from tritonfront.core.tokenization import BatchTokenizer, TextRequest
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -213,6 +213,17 @@ def test_library_pipeline_equals_sentence_transformers_encode(dense_model_dir):
     expected = SentenceTransformer(str(dense_model_dir), device="cpu").encode(texts)
     assert ours.shape == expected.shape == (len(texts), 128)
     np.testing.assert_allclose(ours, expected, atol=2e-5)
+
+
+def test_the_encoder_refuses_id_lists_over_its_limit_naming_the_row(dense_model_dir):
+    """embed_ids hands the encoder ids no tokenizer truncated: a list over the limit is the client's
+    error, not a failure deep in the model that would fail every request of the batch."""
+    encoder = RaggedEncoder.from_folder(dense_model_dir, max_length=8)
+    ids = np.array([[101, 7592, 102] + [0] * 6, [101] + [7592] * 7 + [102]], dtype=np.int32)
+    with pytest.raises(InvalidInput, match=r"^input_ids\[1\]: 9 token ids is over the model limit of 8$"):
+        encoder.split_sequences(ids, np.array([[3], [9]], dtype=np.int32))
+    assert [len(seq) for seq in encoder.split_sequences(ids, np.array([[3], [8]], dtype=np.int32))] == [3, 8]
+    assert RaggedEncoder.from_folder(dense_model_dir).max_length == encoder.model.config.max_position_embeddings
 
 
 def write_head(folder, modules):

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 from tritonfront.errors import InvalidInput
-from tritonfront.tokenization import MAX_STOP_WORDS, PromptRequest, PromptTokenizer
+from tritonfront.core.tokenization import MAX_STOP_WORDS, PromptRequest, PromptTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tritonfront.engines import SamplingParams
+from tritonfront.engines import Engine, SamplingParams
 from tritonfront.engines.base import MAX_BAD_WORDS, MAX_TOP_LOGPROBS, UINT64_MAX, GuidedDecoding
 from tritonfront.errors import InvalidInput
 
@@ -106,3 +106,41 @@ def test_a_negative_max_tokens_says_http_may_have_wrapped_it():
     with pytest.raises(InvalidInput) as error:
         check(max_tokens=0)
     assert "wrapped" not in str(error.value)
+
+
+class _NoAlternatives(Engine):
+    """An engine that does not give top alternatives and checks nothing of its own."""
+
+    context_length, vocab_size, eos_token_ids = 100, 1000, frozenset()
+    checked = 0
+
+    def check_params(self, params):
+        self.checked += 1
+
+    add = cancel = outputs = shutdown = lambda *args: None
+
+
+class _WithAlternatives(_NoAlternatives):
+    gives_top_log_probs = True
+
+
+def test_an_engine_without_alternatives_refuses_top_logprobs_by_name_before_its_own_checks():
+    engine = _NoAlternatives()
+    with pytest.raises(InvalidInput) as error:
+        engine.check_request(SamplingParams(max_tokens=4, top_logprobs=2))
+    assert error.value.field == "top_logprobs" and "the _NoAlternatives engine gives no top alternatives" in str(error.value)
+    assert engine.checked == 0
+    engine.check_request(SamplingParams(max_tokens=4, return_log_probs=True))  # the chosen tokens' log probs stay
+    with_alternatives = _WithAlternatives()
+    with_alternatives.check_request(SamplingParams(max_tokens=4, top_logprobs=20))
+    assert (engine.checked, with_alternatives.checked) == (1, 1)
+
+
+def test_which_engines_give_top_alternatives():
+    """The transformers engine records them from the processed scores (test_hf_engine); TensorRT-LLM's
+    LLM API reports raw log probs from its own top-k (the sampled token may be missing), so its
+    engine refuses them until it maps the processed distribution."""
+    from tritonfront.engines.hf import HFEngine
+    from tritonfront.engines.tensorrt_llm import TensorRTLLMEngine
+
+    assert HFEngine.gives_top_log_probs and not TensorRTLLMEngine.gives_top_log_probs

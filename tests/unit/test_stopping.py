@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from tritonfront.errors import InvalidInput
-from tritonfront.generation import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Completion
-from tritonfront.stopping import StopMatcher, stop_sequences_from_tensor
+from tritonfront.core.generation_loop import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, Completion
+from tritonfront.core.stopping import StopMatcher, stop_sequences_from_tensor
 
 EOS = 2
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 from tritonfront.errors import InvalidInput
-from tritonfront.tokenization import BatchTokenizer, TextRequest
+from tritonfront.core.tokenization import BatchTokenizer, TextRequest
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

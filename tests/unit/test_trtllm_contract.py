@@ -1,4 +1,4 @@
-"""The committed configs serve TensorRT-LLM's ensemble contract (tritonfront.trtllm_contract)
+"""The committed configs serve TensorRT-LLM's ensemble contract (tritonfront.core.trtllm_contract)
 exactly: names, types, shapes and optional flags of the `generate` / `ensemble` model, every
 input reaching the step that reads it, every output coming from the last step."""
 import os
@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from tritonfront import trtllm_contract as contract
+from tritonfront.core import trtllm_contract as contract
 from tritonfront.errors import InvalidInput
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,8 +76,9 @@ def test_what_the_llm_sends_the_detokenizer_passes_on(ensemble):
     llm = {t.name for t in config(ROOT / "model_repository" / "llm").output}
     detokenizer = config(ROOT / "model_repository" / "detokenizer")
     optional_inputs = {t.name for t in detokenizer.input if t.optional}
-    for name in (*contract.ALWAYS_PASSED, *contract.REQUESTED_PASSED):
+    for name in (*contract.ALWAYS_PASSED, *contract.REQUESTED_PASSED, *contract.TOP_LOG_PROB_OUTPUTS):
         assert name in llm and name in optional_inputs and name in {t.name for t in detokenizer.output}
+    assert contract.TOKEN_TEXTS_FLAG in llm and contract.TOKEN_TEXTS_FLAG in optional_inputs
 
 
 def test_contract_tables_name_only_contract_inputs():
@@ -86,6 +87,7 @@ def test_contract_tables_name_only_contract_inputs():
     assert set(contract.ALIASES) | set(contract.ALIASES.values()) <= names
     outputs = {s.name for s in contract.OUTPUTS}
     assert set(contract.REQUESTED_PASSED) | set(contract.ALWAYS_PASSED) <= outputs
+    assert set(contract.TOP_LOG_PROB_OUTPUTS) <= {s.name for s in contract.EXTRA_OUTPUTS}
     assert set(contract.UNMEASURED_PERF_METRICS) <= set(contract.PERF_METRIC_OUTPUTS)
 
 

@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from tritonfront import model_sources
+from tritonfront.core import model_sources
 from tritonfront.engines import EngineConfig, SamplingParams
 from tritonfront.engines.hf import HFEngine
 from tritonfront.engines.varlen_attention import attention_forward

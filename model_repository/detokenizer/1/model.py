@@ -1,21 +1,21 @@
 import os
 
-import triton_glue
-from tritonfront import model_sources
-from tritonfront.delivery import Acknowledger
-from tritonfront.detokenization import DetokenizeRequest, StreamDetokenizer
+from tritonfront.stubs import glue
+from tritonfront.core import model_sources
+from tritonfront.core.delivery import Acknowledger
+from tritonfront.core.detokenization import DetokenizeRequest, StreamDetokenizer
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = triton_glue.load_config(args, "detokenizer")
+        config = glue.load_config(args, "detokenizer")
         self.detokenizer = StreamDetokenizer.from_folder(model_sources.model_dir(config.model_source))
         self.acknowledger = Acknowledger(server_pid=os.getppid())  # the stub's parent is tritonserver
 
     def execute(self, requests):
         # A chunk of a cancelled ensemble request reaches here (this model has no dynamic batcher to
         # drop it, config.pbtxt says why) and is answered without acknowledgement.
-        return triton_glue.execute_batch(requests, DetokenizeRequest.parse, self.compute, cancellation=True)
+        return glue.execute_batch(requests, DetokenizeRequest.parse, self.compute, cancellation=True)
 
     def compute(self, requests):
         return self.detokenizer.respond(requests, self.acknowledger.acknowledge)

@@ -1,20 +1,20 @@
 import os
 
-import triton_glue
-from tritonfront import balancing, devices, model_sources
-from tritonfront.delivery import DeliveryTracker
-from tritonfront.detokenization import DETOKENIZER_WINDOW
+from tritonfront.stubs import glue
+from tritonfront.core import balancing, devices, model_sources
+from tritonfront.core.delivery import DeliveryTracker
+from tritonfront.core.detokenization import DETOKENIZER_WINDOW
 from tritonfront.engines import create_engine
-from tritonfront.fanout import GroupResponder, submit_group
-from tritonfront.generation import GenerationLoop
-from tritonfront.generation_request import GenerationRequest, parse_batch
-from tritonfront.load import GaugeThread, Load, LoadMetrics, ModelLoadMetrics
-from tritonfront.server_metrics import PendingRequests
+from tritonfront.core.fanout import GroupResponder, submit_group
+from tritonfront.core.generation_loop import GenerationLoop
+from tritonfront.core.generation_request import GenerationRequest, parse_batch
+from tritonfront.core.rank_load import GaugeThread, Load, LoadMetrics, ModelLoadMetrics
+from tritonfront.stubs.server_metrics import PendingRequests
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.config = config = triton_glue.load_config(args, "llm")
+        self.config = config = glue.load_config(args, "llm")
         device = devices.configure_torch(args, config.num_threads)
         self.engine = create_engine(config.engine, model_sources.model_dir(config.model_source), device,
                                     config.engine_config())
@@ -29,31 +29,27 @@ class TritonPythonModel:
         # Gauges follow the latest load from a thread of their own (GaugeThread says why); the
         # model's totals (no rank label) come from rank 0, out of the shared table.
         self.latest_load = Load()
-        self.metrics = triton_glue.Metrics({"model": args["model_name"], "rank": str(rank)})
+        self.metrics = glue.Metrics({"model": args["model_name"], "rank": str(rank)})
         load_metrics = LoadMetrics(self.metrics)
         updates = [lambda: load_metrics.update(self.latest_load)]
         if rank == 0:
-            self.model_metrics = triton_glue.Metrics({"model": args["model_name"]})
+            self.model_metrics = glue.Metrics({"model": args["model_name"]})
             updates.append(ModelLoadMetrics(self.table.live_loads, PendingRequests(args["model_name"], os.getppid()),
                                             self.model_metrics).update)
         self.gauges = GaugeThread(updates)
-        self.loop = self.create_loop(engine=self.engine, responder=GroupResponder(triton_glue.StreamResponder()),
+        self.loop = GenerationLoop(engine=self.engine, responder=GroupResponder(glue.StreamResponder()),
                                      stream_interval=config.stream_interval, context_window=DETOKENIZER_WINDOW,
                                      on_load=self.publish, delivery=delivery)
         self.loop.publish_load()
         self.gauges.start()
         self.loop.start()
 
-    @staticmethod
-    def create_loop(**kwargs) -> GenerationLoop:
-        return GenerationLoop(**kwargs)
-
     def execute(self, requests):
         """Parses, validates and queues each request into the engine; then holds Triton's thread
         while this rank has no room (max_active_requests unfinished requests) and, with token
         balancing, while it is not among the least-loaded ranks, so that Triton gives the next
         requests to another rank or keeps them in its queue. Responses come from the loop thread."""
-        triton_glue.submit_each(requests, self.submit)
+        glue.submit_each(requests, self.submit)
         self.loop.wait_for_room(self.config.max_active_requests)
         if self.gate is not None:
             self.gate.wait()
@@ -66,10 +62,10 @@ class TritonPythonModel:
         """One GenerationRequest per sequence the request asks for (prompts times num_return_sequences),
         each checked by the engine (what it cannot honour, guides that do not compile) before any is
         queued."""
-        sequences = parse_batch(triton_glue.inputs(request), self.engine.vocab_size, self.engine.context_length,
+        sequences = parse_batch(glue.inputs(request), self.engine.vocab_size, self.engine.context_length,
                                 self.config.exclude_input_in_output == "true")
         for sequence in sequences:
-            self.engine.check_params(sequence.params)
+            self.engine.check_request(sequence.params)
         return sequences
 
     def publish(self, load: Load) -> None:

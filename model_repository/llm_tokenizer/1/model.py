@@ -1,16 +1,16 @@
-import triton_glue
-from tritonfront import model_sources, trtllm_contract
-from tritonfront.tokenization import PromptBatch, PromptTokenizer
+from tritonfront.stubs import glue
+from tritonfront.core import model_sources, trtllm_contract
+from tritonfront.core.tokenization import PromptBatch, PromptTokenizer
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = triton_glue.load_config(args, "llm_tokenizer")
+        config = glue.load_config(args, "llm_tokenizer")
         self.tokenizer = PromptTokenizer.from_folder(model_sources.model_dir(config.model_source),
                                                      max_text_bytes=config.max_text_bytes)
 
     def execute(self, requests):
-        return triton_glue.execute_batch(requests, self.parse, self.tokenizer.respond, request_parameters=True)
+        return glue.execute_batch(requests, self.parse, self.tokenizer.respond, request_parameters=True)
 
     @staticmethod
     def parse(inputs, parameters) -> PromptBatch:

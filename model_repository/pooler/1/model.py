@@ -1,13 +1,13 @@
-import triton_glue
-from tritonfront import devices, model_sources
-from tritonfront.pooling import PoolingHead
+from tritonfront.stubs import glue
+from tritonfront.core import devices, model_sources
+from tritonfront.core.pooling import PoolingHead
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = triton_glue.load_config(args, "pooler")
+        config = glue.load_config(args, "pooler")
         devices.configure_torch(args, config.num_threads)
         self.head = PoolingHead.for_model(model_sources.model_dir(config.model_source))
 
     def execute(self, requests):
-        return triton_glue.execute_batch(requests, self.head.parse, self.head.pool_requests, requested_outputs=True)
+        return glue.execute_batch(requests, self.head.parse, self.head.pool_requests, requested_outputs=True)

@@ -1,13 +1,13 @@
-import triton_glue
-from tritonfront import model_sources
-from tritonfront.tokenization import BatchTokenizer, TextRequest
+from tritonfront.stubs import glue
+from tritonfront.core import model_sources
+from tritonfront.core.tokenization import BatchTokenizer, TextRequest
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        config = triton_glue.load_config(args, "tokenizer")
+        config = glue.load_config(args, "tokenizer")
         self.tokenizer = BatchTokenizer.from_folder(model_sources.model_dir(config.model_source),
                                                     max_text_bytes=config.max_text_bytes)
 
     def execute(self, requests):
-        return triton_glue.execute_batch(requests, TextRequest.parse, self.tokenizer.respond)
+        return glue.execute_batch(requests, TextRequest.parse, self.tokenizer.respond)

@@ -12,41 +12,43 @@ import collections
 import functools
 from pathlib import Path
 
-import triton_glue
+from tritonfront.core.fanout import submit_group
+from tritonfront.stubs import glue
 
-step_timed = triton_glue.load_model_file(
-    Path(__file__).resolve().parents[2] / "llm_step_timed" / "1" / "model.py", "tritonfront_llm_step_timed")
+from harness.deploy import load_adapter
+
+step_timed = load_adapter(Path(__file__).resolve().parents[2] / "llm_step_timed" / "1" / "model.py",
+                          "tritonfront_llm_step_timed")
 
 
-class PrepareInLoop(step_timed.StepTimedLoop):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self._received = collections.deque()  # (handle, prepare) in arrival order
+class PrepareInLoop(step_timed.StepTimer):
+    def __init__(self, observe):
+        super().__init__(observe)
+        self.received = collections.deque()  # (handle, prepare) in arrival order
 
     def hand_over(self, handle, prepare) -> None:
         """Queues a request for the loop thread, which calls `prepare` (it returns the parsed
-        GenerationRequest or raises) and submits it at its next turn."""
-        self._received.append((handle, prepare))
+        requests or raises) and submits it at its next turn."""
+        self.received.append((handle, prepare))
 
-    def prepare_received(self) -> int:
+    def before_turn(self, loop) -> int:
         count = 0
-        while self._received:
-            handle, prepare = self._received.popleft()
+        while self.received:
+            handle, prepare = self.received.popleft()
             count += 1
             try:
-                self.submit(handle, prepare())
+                submit_group(loop, handle, prepare())
             except Exception as error:  # InvalidInput, or an engine that stopped taking requests
-                self._fail(handle, error)
+                glue.StreamResponder.fail(handle, error)  # a raw (request, sender) handle
         return count
 
-    def _fail_all(self, error: Exception) -> None:
-        super()._fail_all(error)
-        while self._received:
-            self._fail(self._received.popleft()[0], error)
+    def on_fail_all(self, error: Exception) -> None:
+        while self.received:
+            glue.StreamResponder.fail(self.received.popleft()[0], error)
 
 
 class TritonPythonModel(step_timed.TritonPythonModel):
-    loop_class = PrepareInLoop
+    hooks_class = PrepareInLoop
 
     def submit(self, handle, request) -> None:
-        self.loop.hand_over(handle, functools.partial(self.parse, request))
+        self.loop.hooks.hand_over(handle, functools.partial(self.parse, request))

@@ -1,13 +1,13 @@
 import numpy as np
 
-import triton_glue
-from tritonfront.detokenization import DETOKENIZER_WINDOW
+from tritonfront.stubs import glue
+from tritonfront.core.detokenization import DETOKENIZER_WINDOW
 
 
 class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
-            inputs = triton_glue.inputs(request)
+            inputs = glue.inputs(request)
             ids, sizes = inputs["token_ids"].reshape(-1), inputs["chunk_sizes"].reshape(-1).tolist()
             sender = request.get_response_sender()
             position, k = 0, 0
@@ -22,7 +22,7 @@ class TritonPythonModel:
                     "prompt_tokens": np.array([[0]], dtype=np.int32),
                     "completion_tokens": np.array([[end]], dtype=np.int32),
                 }
-                sender.send(triton_glue.response(outputs), flags=triton_glue.FINAL if final else 0)
+                sender.send(glue.response(outputs), flags=glue.FINAL if final else 0)
                 if final:
                     break
                 position, k = end, k + 1

@@ -1,1 +1,0 @@
-../../../../model_repository/tokenizer/1/model.py

@@ -1,0 +1,421 @@
+"""The `llm` model's serving loop: requests in, engine steps, response chunks out.
+
+The model's `execute` (Triton's thread) parses and validates each request and submits it here,
+which queues it into the engine; then, before returning for the next request, it blocks while
+this instance holds max_active_requests unfinished requests (`wait_for_room`) and, with token
+balancing, while another rank has fewer outstanding tokens (tritonfront.core.balancing), so waiting
+requests stay in Triton's queue. One thread per model instance owns the rest: it waits for the
+engine's new tokens, turns them into chunks per request (EOS and end_id, stop words,
+max_tokens, stream_interval), sends them, and polls client cancellation between engine steps,
+so a cancelled request leaves the batch (and frees its KV cache) within one step. Streams
+abandoned behind the ensemble, which Triton does not cancel, are found through a
+DeliveryTracker (tritonfront.core.delivery) and leave the same way. Sending and the cancellation
+check are a Responder's job, so this runs and is tested without Triton.
+
+A stream behind the ensemble gets one detokenizer request per chunk. While its previous chunk is
+not acknowledged yet (still queued in the detokenizer, or being decoded), new tokens are held and
+go out together in one chunk once it is: an idle server streams every token as it comes, and a
+detokenizer that falls behind gets fewer, larger chunks instead of a growing queue. The final
+chunk waits the same way (or until the stream is found abandoned), so a stream never has two
+chunks in the detokenizer, whose instances do not keep order between them.
+"""
+import itertools
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+import numpy as np
+
+from .delivery import NO_SLOT, DeliveryTracker
+from ..engines.base import Engine, EngineOutput
+from .generation_request import GenerationRequest
+from .rank_load import Load
+from .stopping import StopMatcher
+
+FINISH_LENGTH, FINISH_STOP, FINISH_CANCELLED = "length", "stop", "cancelled"
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Chunk:
+    output_ids: list[int]  # new ids of this chunk
+    context_ids: list[int]  # ids sent just before them, for a stateless detokenizer
+    final: bool
+    finish_reason: str  # "" until the final chunk
+    prompt_tokens: int
+    completion_tokens: int  # ids sent so far, this chunk included
+    delivery: tuple[int, int, int, int] = (0, 0, NO_SLOT, 0)  # DeliveryTracker.stamp()
+    log_probs: list[float] = field(default_factory=list)  # one per output id; NaN where the engine gave none
+    # One per output id when the request asked for top_logprobs: (token id, log prob) pairs, most
+    # likely first; empty where the engine gave none.
+    top_log_probs: list[Sequence[tuple[int, float]]] = field(default_factory=list)
+    first_token_ns: int = 0  # time.time_ns() when the request's first token came from the engine; 0: none yet
+    last_token_ns: int = 0  # ... and its latest
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The `llm` model's outputs for this chunk, with the batch dimension of one request."""
+        return {
+            "output_ids": np.array([self.output_ids], dtype=np.int32).reshape(1, -1),
+            "context_ids": np.array([self.context_ids], dtype=np.int32).reshape(1, -1),
+            "is_final": np.array([[self.final]], dtype=bool),
+            "finish_reason": np.array([[self.finish_reason.encode()]], dtype=np.object_),
+            "prompt_tokens": np.array([[self.prompt_tokens]], dtype=np.int32),
+            "completion_tokens": np.array([[self.completion_tokens]], dtype=np.int32),
+            "delivery": np.array([self.delivery], dtype=np.int64),
+        }
+
+
+class Completion:
+    """One request's generated ids, turned into the chunks its client gets."""
+
+    def __init__(self, prompt_tokens: int, stop_sequences: Sequence[Sequence[int]] = (),
+                 eos_ids: frozenset = frozenset(), stream: bool = False, stream_interval: int = 1,
+                 context_window: int = 0):
+        self.prompt_tokens = prompt_tokens
+        self.generated = 0  # ids the engine produced, sent or held: what this request keeps in the KV cache
+        self.finish_reason: Optional[str] = None
+        self.stream = stream
+        self.stream_interval = stream_interval
+        self.context_window = context_window
+        self._eos = eos_ids
+        self._matcher = StopMatcher(stop_sequences)
+        self._pending: list[int] = []
+        self._recent: list[int] = []
+        self._sent = 0
+        # Log probs (with the top alternatives) travel with their ids: through the stop matcher's
+        # hold-back, out with the chunk; one (log prob, alternatives) pair per id.
+        self._pending_log_probs: list[tuple[float, Sequence]] = []
+        self._held_log_probs: list[tuple[float, Sequence]] = []
+        self.first_token_ns = self.last_token_ns = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def on_tokens(self, token_ids: Sequence[int], engine_finished: bool = False,
+                  engine_reason: Optional[str] = None, hold: bool = False,
+                  log_probs: Optional[Sequence[float]] = None,
+                  top_log_probs: Optional[Sequence[Sequence[tuple[int, float]]]] = None) -> list[Chunk]:
+        """The chunks these new ids complete: the final one when the request ends, otherwise a
+        streamed one every stream_interval ids unless `hold` (the ids then wait for `release`).
+        `log_probs` and `top_log_probs`, one per id where the engine gives them, travel with their ids."""
+        if token_ids:
+            self.last_token_ns = time.time_ns()
+            self.first_token_ns = self.first_token_ns or self.last_token_ns
+        if log_probs is None or len(log_probs) != len(token_ids):
+            log_probs = [math.nan] * len(token_ids)
+        if top_log_probs is None or len(top_log_probs) != len(token_ids):
+            top_log_probs = [()] * len(token_ids)
+        for token, log_prob, top in zip(token_ids, log_probs, top_log_probs):
+            if self.finished:
+                break
+            self.generated += 1
+            if token in self._eos:
+                self._end(FINISH_STOP)
+                break
+            released, matched = self._matcher.push(int(token))
+            self._pending.extend(released)
+            held = self._held_log_probs + [(float(log_prob), top)]
+            self._pending_log_probs.extend(held[:len(released)])
+            self._held_log_probs = held[len(released):] if not matched else []
+            if matched:
+                self.finish_reason = FINISH_STOP
+        if engine_finished and not self.finished:
+            self._end(engine_reason or FINISH_LENGTH)
+        if self.finished:
+            return [self._chunk(final=True)]
+        if not hold and self.holding:
+            return [self._chunk(final=False)]
+        return []
+
+    @property
+    def holding(self) -> bool:
+        """A streamed chunk's worth of ids is ready and not sent."""
+        return self.stream and not self.finished and len(self._pending) >= self.stream_interval
+
+    def release(self) -> Optional[Chunk]:
+        return self._chunk(final=False) if self.holding else None
+
+    def cancel(self) -> Chunk:
+        self._pending, self._pending_log_probs, self._held_log_probs = [], [], []
+        self._matcher.flush()
+        self.finish_reason = FINISH_CANCELLED
+        return self._chunk(final=True)
+
+    def _end(self, reason: str) -> None:
+        # Held tokens whose stop sequence never completed belong to the text.
+        self._pending.extend(self._matcher.flush())
+        self._pending_log_probs.extend(self._held_log_probs)
+        self._held_log_probs = []
+        self.finish_reason = reason
+
+    def _chunk(self, final: bool) -> Chunk:
+        ids, self._pending = self._pending, []
+        scores, self._pending_log_probs = self._pending_log_probs, []
+        context = self._recent[-self.context_window:] if self.context_window else []
+        self._recent = (self._recent + ids)[-self.context_window:] if self.context_window else []
+        self._sent += len(ids)
+        return Chunk(ids, context, final, self.finish_reason if final else "", self.prompt_tokens, self._sent,
+                     log_probs=[log_prob for log_prob, _ in scores], top_log_probs=[top for _, top in scores],
+                     first_token_ns=self.first_token_ns, last_token_ns=self.last_token_ns)
+
+
+class Responder(Protocol):
+    def send(self, handle: Any, chunk: Chunk) -> None: ...
+
+    def fail(self, handle: Any, error: Exception) -> None: ...
+
+    def is_cancelled(self, handle: Any) -> bool: ...
+
+
+@dataclass
+class _Live:
+    request_id: str
+    handle: Any
+    completion: Completion
+
+
+class TurnHooks:
+    """What a variant of the loop adds to each turn; the served llm sets none. Benchmarks attach one
+    (`loop.hooks = ...`, before requests arrive) to time turns or to move work into the loop thread
+    (perf/baseline_repository/), so the loop itself keeps no benchmark code."""
+
+    def before_turn(self, loop: "GenerationLoop") -> int:
+        """Runs on the loop thread at the start of a turn; returns how many requests it handled
+        (a turn that handled any counts as busy)."""
+        return 0
+
+    def after_turn(self, seconds: float) -> None:
+        """Runs after a busy turn with the seconds of its work once the engine's outputs were in hand."""
+
+    def on_fail_all(self, error: Exception) -> None:
+        """Runs when the loop fails every live request (the engine failed, or the model unloads)."""
+
+
+class GenerationLoop:
+    def __init__(self, engine: Engine, responder: Responder, stream_interval: int = 1, context_window: int = 0,
+                 on_load: Callable[[Load], None] = lambda load: None, poll_s: float = 0.02,
+                 idle_cancel_check_s: float = 0.1, delivery: Optional[DeliveryTracker] = None):
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
+        self.engine = engine
+        self.responder = responder
+        self.stream_interval = stream_interval
+        self.context_window = context_window
+        self.on_load = on_load
+        self.poll_s = poll_s  # longest wait for engine output
+        self.idle_cancel_check_s = idle_cancel_check_s
+        self.delivery = delivery
+        self.hooks: Optional[TurnHooks] = None
+        self._cancellations_checked = 0.0
+        self._live: dict[str, _Live] = {}
+        self._held: set[str] = set()  # streams whose ready ids wait for their previous chunk's acknowledgement
+        self._finishing: dict[str, list[Chunk]] = {}  # ended streams whose final chunk waits the same way
+        self._cancelled = 0
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # notified whenever a request leaves
+        self._ids = itertools.count()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tritonfront-generation", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, handle: Any, request: GenerationRequest) -> None:
+        params = request.params
+        end_ids = self.engine.eos_token_ids | ({params.end_id} if params.end_id is not None else set())
+        completion = Completion(len(request.prompt_ids), request.stop_sequences, frozenset(end_ids), request.stream,
+                                self.stream_interval, self.context_window if request.stream else 0)
+        request_id = f"req-{next(self._ids)}"
+        # Registered and added as one step, so a cancellation check cannot fall in between and
+        # cancel in the engine a request it does not have yet.
+        with self._lock:
+            self._live[request_id] = _Live(request_id, handle, completion)
+            try:
+                self.engine.add(request_id, request.prompt_ids, params)
+            except Exception:
+                del self._live[request_id]
+                raise
+            # Only a stream's chunks come before its end; a whole response has nothing to watch.
+            if request.stream and request.delivery_acknowledged and self.delivery is not None:
+                self.delivery.track(request_id)
+        self.publish_load()
+
+    def load(self) -> Load:
+        with self._lock:
+            completions = [live.completion for live in self._live.values()]
+            return Load(sum(c.prompt_tokens + c.generated for c in completions),
+                        sum(c.generated == 0 for c in completions), len(completions), self._cancelled,
+                        self.engine.kv_cache_blocks(), self.engine.kv_cache_capacity_blocks())
+
+    def publish_load(self) -> None:
+        self.on_load(self.load())
+
+    def wait_for_room(self, max_active: int) -> None:
+        """Blocks while this instance holds `max_active` unfinished requests (or more), so that
+        Triton's queue, with its size limit and timeouts, keeps the rest."""
+        with self._room:
+            self._room.wait_for(lambda: len(self._live) < max_active or self._stopping.is_set())
+
+    def stop(self, timeout: float = 30) -> None:
+        self._stopping.set()
+        with self._room:
+            self._room.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.engine.shutdown()
+        self._fail_all(RuntimeError("the model is being unloaded"))
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self.step()
+
+    def step(self) -> None:
+        """One turn of the loop: waits up to poll_s for the engine's new tokens, then processes them."""
+        try:
+            outputs = self.engine.outputs(self.poll_s)
+        except Exception as error:  # the engine cannot generate: no request may wait forever
+            logger.exception("engine failed")
+            self._fail_all(error)
+            self._stopping.wait(self.poll_s)
+            return
+        hooks = self.hooks
+        if hooks is None:
+            self.process(outputs)
+            return
+        started = time.perf_counter()
+        handled = hooks.before_turn(self)
+        self.process(outputs)
+        if outputs or handled:
+            hooks.after_turn(time.perf_counter() - started)
+
+    def process(self, outputs: Sequence[EngineOutput]) -> None:
+        """A turn's work once the engine's outputs are in hand: new tokens out to their clients,
+        then cancellations, then the new load."""
+        for output in outputs:
+            self._deliver(output)
+        self._release_held()
+        # Once per engine step (a step's outputs arrive together), and now and then while
+        # requests only wait: each check is a round trip to Triton per live request.
+        now = time.monotonic()
+        if outputs or now - self._cancellations_checked >= self.idle_cancel_check_s:
+            self._cancellations_checked = now
+            self._check_cancellations()
+        self.publish_load()
+
+    def _deliver(self, output: EngineOutput) -> None:
+        with self._lock:
+            live = self._live.get(output.request_id)
+        if live is None or output.request_id in self._finishing:
+            return
+        if output.error:
+            self._retire(output.request_id, cancel_engine=False)
+            self._fail(live.handle, RuntimeError(output.error))
+            return
+        awaiting = self._awaiting_acknowledgement(output.request_id)
+        chunks = live.completion.on_tokens(output.token_ids, output.finished, output.finish_reason,
+                                           hold=awaiting, log_probs=output.log_probs,
+                                           top_log_probs=output.top_log_probs)
+        if live.completion.finished:
+            if not output.finished:  # a stop sequence ends the request before the engine would have
+                self.engine.cancel(output.request_id)
+            if awaiting:
+                self._finishing[output.request_id] = chunks
+                return
+            self._retire(output.request_id, cancel_engine=False)
+        elif live.completion.holding:
+            self._held.add(output.request_id)
+        for chunk in chunks:
+            self._send_or_cancel(live, chunk)
+
+    def _awaiting_acknowledgement(self, request_id: str) -> bool:
+        if self.delivery is None:
+            return False
+        with self._lock:
+            return self.delivery.in_flight(request_id)
+
+    def _release_held(self) -> None:
+        for request_id in list(self._finishing):
+            if not self._awaiting_acknowledgement(request_id):
+                with self._lock:
+                    live = self._live.get(request_id)
+                chunks = self._finishing.pop(request_id)
+                self._retire(request_id, cancel_engine=False)
+                for chunk in chunks:
+                    self._send_or_cancel(live, chunk)
+        for request_id in list(self._held):
+            with self._lock:
+                live = self._live.get(request_id)
+            if live is None or not live.completion.holding:
+                self._held.discard(request_id)
+            elif not self._awaiting_acknowledgement(request_id):
+                self._held.discard(request_id)
+                self._send_or_cancel(live, live.completion.release())
+
+    def _send_or_cancel(self, live: _Live, chunk: Chunk) -> None:
+        if not self._send(live, chunk) and not chunk.final:
+            self._retire(live.request_id, cancel_engine=True)
+            self._send(live, live.completion.cancel())  # Triton holds the request until a final flag
+
+    def _check_cancellations(self) -> None:
+        with self._lock:
+            live_items = list(self._live.items())
+            abandoned = set(self.delivery.abandoned()) if self.delivery is not None else set()
+        for request_id, live in live_items:
+            if request_id in abandoned or self._is_cancelled(live):
+                # An ended stream waiting to send its final chunk has left the engine already.
+                self._retire(request_id, cancel_engine=self._finishing.pop(request_id, None) is None)
+                with self._lock:
+                    self._cancelled += 1
+                self._send(live, live.completion.cancel())
+
+    def _retire(self, request_id: str, cancel_engine: bool) -> None:
+        with self._lock:
+            self._live.pop(request_id, None)
+            if self.delivery is not None:
+                self.delivery.release(request_id)
+            self._room.notify_all()
+        if cancel_engine:
+            self.engine.cancel(request_id)
+
+    def _fail_all(self, error: Exception) -> None:
+        if self.hooks is not None:
+            self.hooks.on_fail_all(error)
+        with self._lock:
+            if self.delivery is not None:
+                for request_id in self._live:
+                    self.delivery.release(request_id)
+            lost, self._live = [live.handle for live in self._live.values()], {}
+            self._finishing.clear()
+            self._room.notify_all()
+        for handle in lost:
+            self._fail(handle, error)
+
+    # A client that went away must not stop the loop serving the others: responder errors are
+    # logged, and a request whose client cannot be reached is treated as cancelled.
+    def _send(self, live: _Live, chunk: Chunk) -> bool:
+        if self.delivery is not None and not chunk.final:
+            with self._lock:
+                chunk.delivery = self.delivery.stamp(live.request_id)
+        try:
+            self.responder.send(live.handle, chunk)
+            return True
+        except Exception:
+            logger.exception("sending a response failed")
+            return False
+
+    def _fail(self, handle: Any, error: Exception) -> None:
+        try:
+            self.responder.fail(handle, error)
+        except Exception:
+            logger.exception("sending an error response failed")
+
+    def _is_cancelled(self, live: _Live) -> bool:
+        try:
+            return bool(self.responder.is_cancelled(live.handle))
+        except Exception:
+            logger.exception("checking for cancellation failed")
+            return True

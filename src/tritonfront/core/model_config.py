@@ -1,0 +1,223 @@
+"""Each model's `parameters`, parsed once at start-up into a typed, frozen config.
+
+One config class per model kind (the model's folder name under model_repository/), its fields
+declaring type, default, allowed values or range and what the parameter does, in the manner of
+SGLang's ServerArgs. A missing parameter takes its default; an unknown name or a bad value fails
+loading with a message naming the parameter, the value and what is allowed. The structure the
+code relies on (decoupled or not, ordered batches) is checked at the same time.
+
+`PARAMETERS[kind]` lists every parameter of a kind and `validate(kind, name, value)` checks one,
+for tools that write configs (scripts/configure.py).
+"""
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping, Optional
+
+from . import model_sources
+from .balancing import BALANCING_MODES
+from ..engines import ATTENTIONS, DTYPES, ENGINES, EngineConfig
+from .tokenization import DEFAULT_MAX_TEXT_BYTES
+
+# Set by tritonfront.watchdog to make Triton reload an unchanged model; it means nothing to a model.
+RELOAD_PARAMETER = "stub_watchdog_reload"
+
+
+class ConfigError(ValueError):
+    """A model's config.pbtxt asks for something the model cannot do; loading fails with it."""
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    type: type  # int or str
+    default: Any
+    help: str
+    choices: Optional[tuple] = None  # the allowed values of a str parameter
+    minimum: Optional[int] = None  # the least value of an int parameter
+
+    @property
+    def allowed(self) -> str:
+        if self.choices is not None:
+            return f"one of {', '.join(self.choices)}"
+        return "an integer" if self.minimum is None else f"an integer >= {self.minimum}"
+
+    def parse(self, value: str) -> Any:
+        """The typed value of a config.pbtxt string, or ConfigError naming parameter, value and
+        what is allowed."""
+        def bad() -> ConfigError:
+            return ConfigError(f"parameter {self.name}: {value!r} is not allowed; it must be {self.allowed} "
+                               f"(default {self.default!r})")
+
+        if self.type is int:
+            try:
+                number = int(value.strip())
+            except ValueError:
+                raise bad() from None
+            if self.minimum is not None and number < self.minimum:
+                raise bad()
+            return number
+        if self.choices is not None and value not in self.choices:
+            raise bad()
+        return value
+
+
+def _parameter(default: Any, help: str, *, choices: Optional[tuple] = None, minimum: Optional[int] = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum})
+
+
+def _model_source(default: str) -> Any:
+    return _parameter(default, "which model folder to serve: the embedding model (TRITONFRONT_EMBED_MODEL) or "
+                               "the LLM (TRITONFRONT_LLM_MODEL), bundled defaults otherwise",
+                      choices=tuple(model_sources.SOURCES))
+
+
+def _num_threads(default: int) -> Any:
+    return _parameter(default, "torch intra-op threads per instance; 0: one per core", minimum=0)
+
+
+class Config:
+    """Base of the config classes: the structure of config.pbtxt the model's code relies on."""
+
+    DECOUPLED: ClassVar[bool] = False  # responses from a sender (True) or returned by execute
+    NO_BATCHER: ClassVar[bool] = False  # dynamic_batching must be absent
+
+
+@dataclass(frozen=True)
+class TokenizerConfig(Config):
+    model_source: str = _model_source("embed")
+    max_text_bytes: int = _parameter(DEFAULT_MAX_TEXT_BYTES, "UTF-8 bytes one text may have; a longer one is "
+                                                             "INVALID_ARG", minimum=1)
+
+
+THREAD_POLICIES = ("share", "fixed")
+
+
+@dataclass(frozen=True)
+class EncoderConfig(Config):
+    model_source: str = _model_source("embed")
+    num_threads: int = _parameter(0, "torch intra-op threads of an instance computing alone; 0: one per core",
+                                  minimum=0)
+    threads: str = _parameter("share", "share: CPU instances split num_threads by how many of them compute right "
+                                       "now (all for a lone request, one each under load: core_sharing.py); "
+                                       "fixed: always num_threads", choices=THREAD_POLICIES)
+    max_batch_tokens: int = _parameter(8192, "padded tokens per forward pass: bounds memory and keeps "
+                                             "sub-batches similar in length", minimum=1)
+
+
+@dataclass(frozen=True)
+class PoolerConfig(Config):
+    model_source: str = _model_source("embed")
+    num_threads: int = _num_threads(1)
+
+
+@dataclass(frozen=True)
+class LLMTokenizerConfig(TokenizerConfig):
+    model_source: str = _model_source("llm")
+
+
+@dataclass(frozen=True)
+class LLMConfig(Config):
+    DECOUPLED: ClassVar[bool] = True  # the engine thread sends each request's chunks
+
+    model_source: str = _model_source("llm")
+    engine: str = _parameter("hf", "hf: transformers continuous batching (embedded default); tensorrt_llm: "
+                                   "TensorRT-LLM's LLM API on KIND_GPU instances", choices=ENGINES)
+    balancing: str = _parameter("tokens", "tokens: an instance takes new requests only while no other rank has "
+                                          "fewer outstanding tokens; none: Triton's own placement",
+                                choices=BALANCING_MODES)
+    balancing_timeout_ms: int = _parameter(1000, "longest hold of execute by the balancing gate", minimum=0)
+    stream_interval: int = _parameter(1, "generated tokens per streamed response", minimum=1)
+    max_num_seqs: int = _parameter(256, "sequences in one forward pass", minimum=1)
+    max_active_requests: int = _parameter(256, "unfinished requests one rank holds; beyond them requests wait in "
+                                              "Triton's queue, whose size limit and timeout reject what cannot be "
+                                              "served in time", minimum=1)
+    abandoned_stream_timeout_ms: int = _parameter(
+        6000, "a tracked stream none of whose chunks were acknowledged for this long is freed as abandoned "
+              "(sooner when later chunks of other streams were); keep it above the detokenizer's queue timeout, "
+              "so a chunk still waiting there is never taken for lost", minimum=1)
+    kv_cache_tokens: int = _parameter(32768, "KV cache size in tokens per rank; 0 sizes it from free memory "
+                                             "(on a GPU)", minimum=0)
+    max_batch_tokens: int = _parameter(512, "tokens in one forward pass: bounds the prefill chunk a long prompt "
+                                            "is split into", minimum=1)
+    dtype: str = _parameter("auto", "weights and activations; auto: float32 on CPU, bfloat16 on GPU", choices=DTYPES)
+    attention: str = _parameter("varlen", "hf engine: varlen, attention request by request over the paged KV cache on "
+                                          "the CPU; sdpa, transformers' packed attention (quadratic in the batch)",
+                                choices=ATTENTIONS)
+    num_threads: int = _num_threads(0)
+    exclude_input_in_output: str = _parameter(
+        "false", "for requests that do not send exclude_input_in_output: true, a whole answer is its generated "
+                 "text; false, the prompt and then the answer (TensorRT-LLM's tensorrt_llm parameter and default)",
+        choices=("true", "false"))
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(max_num_seqs=self.max_num_seqs, kv_cache_tokens=self.kv_cache_tokens,
+                            max_batch_tokens=self.max_batch_tokens, dtype=self.dtype, attention=self.attention)
+
+
+@dataclass(frozen=True)
+class DetokenizerConfig(Config):
+    # Triton's batcher would fail the chunks of a cancelled stream, and an ensemble step that
+    # fails while the llm step runs keeps the ensemble request in Triton for good (its
+    # config.pbtxt says more).
+    NO_BATCHER: ClassVar[bool] = True
+
+    model_source: str = _model_source("llm")
+
+
+CONFIGS: dict[str, type] = {"tokenizer": TokenizerConfig, "encoder": EncoderConfig, "pooler": PoolerConfig,
+                            "llm_tokenizer": LLMTokenizerConfig, "llm": LLMConfig, "detokenizer": DetokenizerConfig}
+
+PARAMETERS: dict[str, dict[str, Parameter]] = {
+    kind: {f.name: Parameter(f.name, f.type, f.default, f.metadata["help"], f.metadata["choices"], f.metadata["minimum"])
+           for f in dataclasses.fields(config)}
+    for kind, config in CONFIGS.items()
+}
+
+
+def _parameters_of(kind: str) -> dict[str, Parameter]:
+    if kind not in PARAMETERS:
+        raise ConfigError(f"model kind {kind!r} is not one of {', '.join(PARAMETERS)}")
+    return PARAMETERS[kind]
+
+
+def validate(kind: str, name: str, value: str) -> Any:
+    """The typed value of parameter `name` of a `kind` model, or ConfigError saying what is wrong."""
+    parameters = _parameters_of(kind)
+    if name not in parameters:
+        raise ConfigError(f"{kind} has no parameter {name!r}; its parameters are {', '.join(parameters)}")
+    return parameters[name].parse(value)
+
+
+def parse(kind: str, parameters: Mapping[str, str]) -> Config:
+    """The config of a `kind` model from its config.pbtxt parameters (name -> string value)."""
+    _parameters_of(kind)
+    values = {name: validate(kind, name, value) for name, value in parameters.items() if name != RELOAD_PARAMETER}
+    return CONFIGS[kind](**values)
+
+
+def from_model_config(kind: str, model_config: Mapping[str, Any]) -> Config:
+    """The typed config of a model from the model configuration Triton gives `initialize` (as a
+    dict), after checking the structure the model's code relies on."""
+    _parameters_of(kind)
+    name = model_config.get("name", kind)
+    _check_structure(name, CONFIGS[kind], model_config)
+    parameters = {key: value.get("string_value", "") for key, value in model_config.get("parameters", {}).items()}
+    try:
+        return parse(kind, parameters)
+    except ConfigError as error:
+        raise ConfigError(f"model {name}: {error}") from None
+
+
+def _check_structure(name: str, config_class: type, model_config: Mapping[str, Any]) -> None:
+    # Every model reads and writes tensors with a leading batch dimension.
+    if int(model_config.get("max_batch_size", 0)) < 1:
+        raise ConfigError(f"model {name}: max_batch_size must be >= 1 (inputs and outputs carry a batch dimension)")
+    decoupled = bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+    if decoupled != config_class.DECOUPLED:
+        why = ("its engine thread sends each request's responses" if config_class.DECOUPLED
+               else "execute returns one response per request")
+        raise ConfigError(f"model {name}: model_transaction_policy {{ decoupled: {str(config_class.DECOUPLED).lower()} }} "
+                          f"is required ({why}), the config says decoupled: {str(decoupled).lower()}")
+    if config_class.NO_BATCHER and "dynamic_batching" in model_config:
+        raise ConfigError(f"model {name}: dynamic_batching must not be set (Triton's batcher fails the chunks of a "
+                          f"cancelled stream, and the generate ensemble would then keep that request for good)")

@@ -1,0 +1,146 @@
+"""What every model.py shares with Triton's Python backend, and the only module beside them that
+imports triton_python_backend_utils (it exists only inside a Triton Python stub, which adds its
+classes, MetricFamily and the like, only after model.py is imported: nothing here may use them at
+import time).
+
+Requests come in as mappings of input name to numpy array for the library (tritonfront), whose
+results go back as responses; a bad request gets an INVALID_ARG error naming the input, anything
+else an INTERNAL error with the exception's type and message (the traceback goes to the server
+log, never to the client).
+"""
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonfront.core import model_config
+from tritonfront.errors import InvalidInput
+from tritonfront.core.rank_load import MetricSpec
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+logger = logging.getLogger("tritonfront.glue")
+
+
+def load_config(args: dict, kind: str) -> model_config.Config:
+    """The model's typed config (tritonfront.core.model_config) from initialize's args; raises
+    ConfigError, which fails loading with its message."""
+    return model_config.from_model_config(kind, json.loads(args["model_config"]))
+
+
+def inputs(request) -> dict[str, np.ndarray]:
+    """The request's input tensors by name; optional inputs it did not send are absent."""
+    return {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+
+
+def parameters(request) -> dict[str, Any]:
+    """The request's parameters (KServe v2 request parameters; over HTTP's generate extension, every
+    JSON key that is not an input)."""
+    return json.loads(request.parameters() or "{}")
+
+
+def response(outputs: dict[str, np.ndarray]) -> "pb_utils.InferenceResponse":
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()])
+
+
+def error_response(error: Exception) -> "pb_utils.InferenceResponse":
+    if isinstance(error, InvalidInput):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG))
+    logger.error("request failed", exc_info=error)
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{type(error).__name__}: {error}",
+                                                                 pb_utils.TritonError.INTERNAL))
+
+
+def execute_batch(requests: Sequence, parse: Callable, compute: Callable[[list], list],
+                  requested_outputs: bool = False, request_parameters: bool = False,
+                  cancellation: bool = False) -> list:
+    """The dynamic batch of a non-decoupled model: `parse` each request's inputs (then the names of
+    the outputs it asked for when `requested_outputs`, then its parameters when
+    `request_parameters`, then whether it was cancelled when `cancellation`; a request that fails
+    gets its own error), run `compute` once over every
+    parsed request (it returns, per request, a dict of outputs or the exception that request
+    earned), then answer each request."""
+    responses: list = [None] * len(requests)
+    parsed, positions = [], []
+    for i, request in enumerate(requests):
+        try:
+            arguments = (inputs(request),)
+            if requested_outputs:
+                arguments += (request.requested_output_names(),)
+            if request_parameters:
+                arguments += (parameters(request),)
+            if cancellation:
+                arguments += (request.is_cancelled(),)
+            parsed.append(parse(*arguments))
+            positions.append(i)
+        except Exception as error:
+            responses[i] = error_response(error)
+    if parsed:
+        try:
+            results = compute(parsed)
+        except Exception as error:  # a bug must fail this batch, not the server
+            results = [error] * len(parsed)
+        for i, result in zip(positions, results):
+            responses[i] = _answer(result)
+    return responses
+
+
+def _answer(result: Any) -> "pb_utils.InferenceResponse":
+    if isinstance(result, Exception):
+        return error_response(result)
+    try:
+        return response(result)
+    except Exception as error:
+        return error_response(error)
+
+
+def submit_each(requests: Sequence, submit: Callable[[tuple, Any], None]) -> None:
+    """The requests of a decoupled model: each one's handle is (request, its response sender);
+    `submit(handle, request)` takes the request on, and if it raises, the request's only
+    response is the error, flagged final."""
+    for request in requests:
+        sender = request.get_response_sender()
+        try:
+            submit((request, sender), request)
+        except Exception as error:  # InvalidInput, or an engine that stopped taking requests
+            sender.send(error_response(error), flags=FINAL)
+
+
+class StreamResponder:
+    """tritonfront.core.generation_loop's Responder over a decoupled model's handles (request, sender):
+    a chunk is a response, final when the chunk is."""
+
+    @staticmethod
+    def send(handle: tuple, chunk) -> None:
+        handle[1].send(response(chunk.tensors()), flags=FINAL if chunk.final else 0)
+
+    @staticmethod
+    def fail(handle: tuple, error: Exception) -> None:
+        handle[1].send(error_response(error), flags=FINAL)
+
+    @staticmethod
+    def is_cancelled(handle: tuple) -> bool:
+        return handle[0].is_cancelled()
+
+
+class Metrics:
+    """Makes Prometheus metrics on Triton's metrics port, all with the same labels (and any a
+    metric adds); holds their families, which must outlive the metrics. Metrics of one spec share
+    its family (one family per name and process)."""
+
+    def __init__(self, labels: dict[str, str]):
+        self.labels = labels
+        self.families: dict[str, Any] = {}
+
+    def __call__(self, spec: MetricSpec, buckets: Sequence[float] = (), labels: Optional[dict] = None) -> Any:
+        family = self.families.get(spec.name)
+        if family is None:
+            kind = getattr(pb_utils.MetricFamily, spec.kind.upper())  # GAUGE, COUNTER, HISTOGRAM
+            family = self.families[spec.name] = pb_utils.MetricFamily(name=spec.name, description=spec.description,
+                                                                      kind=kind)
+        labels = {**self.labels, **(labels or {})}
+        if spec.kind == "histogram":
+            return family.Metric(labels=labels, buckets=list(buckets))
+        return family.Metric(labels=labels)

@@ -1,0 +1,63 @@
+"""A Backend (tritonfront.openai.protocol) for unit tests of the OpenAI front's routes and serving
+modules: it answers from scripts, no server; and a stand-in for the LLM tokenizer's Prompts."""
+import asyncio
+
+import numpy as np
+
+from tritonfront.openai.protocol import Embeddings, GenerationRequest, TextDelta
+
+HANG = object()  # in a script: the backend waits for ever
+
+
+class FakeBackend:
+    """The Backend protocol from scripts: per prompt, the deltas (or an exception, or HANG) to give."""
+
+    def __init__(self, scripts=None, ready=True, refuse=None):
+        self.scripts, self.is_ready, self.refuse = scripts or {}, ready, refuse
+        self.requests: list[GenerationRequest] = []
+        self.closed = asyncio.Event()
+
+    async def ready(self):
+        return self.is_ready
+
+    async def model_ready(self, model):
+        return model != "embed" or self.is_ready
+
+    async def generate(self, request):
+        self.requests.append(request)
+        if self.refuse:
+            raise self.refuse
+        return self._deltas(request)
+
+    async def _deltas(self, request):
+        try:
+            for prompt in request.prompts:
+                for item in self.scripts[prompt]:
+                    if item is HANG:
+                        await asyncio.sleep(3600)
+                    if isinstance(item, Exception):
+                        raise item
+                    yield item
+        finally:
+            self.closed.set()
+
+    async def embed(self, model, inputs, dimensions):
+        vectors = np.array([[0.5, -0.25, float(i)] for i in range(len(inputs))], dtype=np.float32)
+        return Embeddings(vectors[:, :dimensions] if dimensions else vectors, prompt_tokens=7 * len(inputs))
+
+
+class Prompts:
+    """The LLM tokenizer's stand-in: a chat prompt is its messages joined; one token per character."""
+    has_chat_template = True
+    template_takes_tools = False
+    context_length = 100
+
+    def chat(self, messages, tools=None):
+        return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
+
+    def room(self, prompt):
+        return self.context_length - len(prompt)
+
+
+def delta(text, finish_reason=None, completion_tokens=1, tokens=None) -> TextDelta:
+    return TextDelta(0, 0, text, finish_reason, prompt_tokens=4, completion_tokens=completion_tokens, tokens=tokens)
