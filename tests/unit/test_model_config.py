@@ -53,6 +53,8 @@ def test_configs_are_frozen():
     ("llm", "kv_cache_tokens", "-1", "parameter kv_cache_tokens: '-1' is not allowed; it must be an integer >= 0 "
                                      "(default 32768)"),
     ("llm", "max_num_seqs", "1.5", "parameter max_num_seqs: '1.5' is not allowed; it must be an integer >= 1"),
+    ("llm", "default_max_tokens", "-8", "parameter default_max_tokens: '-8' is not allowed; it must be an integer "
+                                        ">= 0 (default 0)"),
     ("tokenizer", "max_text_bytes", "", "parameter max_text_bytes: '' is not allowed; it must be an integer >= 1"),
     ("encoder", "num_threads", "all", "parameter num_threads: 'all' is not allowed; it must be an integer >= 0"),
     ("detokenizer", "window", "8", "detokenizer has no parameter 'window'; its parameters are model_source"),

@@ -163,9 +163,6 @@ def test_config_flags_and_environment():
                           {"TRITONFRONT_OPENAI_STREAM_TIMEOUT": "12.5", "TRITONFRONT_OPENAI_GENERATE_MODELS": "generate,ensemble"})
     assert (parsed.port, parsed.stream_timeout, parsed.generate_models, parsed.embed_models) == (
         9100, 12.5, ("generate", "ensemble"), ())
-    assert parsed.default_max_tokens == 0  # OpenAI's default: the rest of the context
-    assert config.parse([], {"TRITONFRONT_OPENAI_DEFAULT_MAX_TOKENS": "256"}).default_max_tokens == 256
-    assert config.parse(["--default-max-tokens", "64"], {}).default_max_tokens == 64
 
 
 @pytest.mark.parametrize("argv, environ, words", [
@@ -174,8 +171,6 @@ def test_config_flags_and_environment():
     (["--generate-models", "embed"], {}, "embed: served both for generation and for embeddings"),
     (["--generate-models", "", "--embed-models", ","], {}, "name no model"),
     (["--log-level", "loud"], {}, "is not one of"),
-    ([], {"TRITONFRONT_OPENAI_DEFAULT_MAX_TOKENS": "-1"},
-     "--default-max-tokens (TRITONFRONT_OPENAI_DEFAULT_MAX_TOKENS): '-1' is not allowed"),
 ])
 def test_config_errors_name_the_flag(argv, environ, words):
     with pytest.raises(config.ConfigError) as caught:

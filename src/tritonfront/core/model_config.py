@@ -144,6 +144,10 @@ class LLMConfig(Config):
                                           "the CPU; sdpa, transformers' packed attention (quadratic in the batch)",
                                 choices=ATTENTIONS)
     num_threads: int = _num_threads(0)
+    # One request without max_tokens at temperature 1 can hold a CPU engine for minutes.
+    default_max_tokens: int = _parameter(
+        0, "tokens a request that sends no max_tokens may generate: 0, what the context leaves after its "
+           "prompt (OpenAI's default); a number lowers that (never above what the context leaves)", minimum=0)
     exclude_input_in_output: str = _parameter(
         "false", "for requests that do not send exclude_input_in_output: true, a whole answer is its generated "
                  "text; false, the prompt and then the answer (TensorRT-LLM's tensorrt_llm parameter and default)",

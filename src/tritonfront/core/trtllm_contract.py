@@ -30,11 +30,13 @@ def _outputs(*specs: tuple) -> tuple[TensorSpec, ...]:
     return tuple(TensorSpec(*spec, optional=False) for spec in specs)
 
 
-# TensorRT-LLM's ensemble inputs, in its order.
+# TensorRT-LLM's ensemble inputs, in its order. One difference: max_tokens, required there, is
+# optional here (its clients always send it): a request without it may generate what the context
+# leaves after its prompt, as OpenAI's API does, lowered by the llm's default_max_tokens parameter.
 INPUTS = _inputs(
     ("text_input", "TYPE_STRING", (1,), False),
     ("decoder_text_input", "TYPE_STRING", (1,)),
-    ("max_tokens", "TYPE_INT32", (1,), False),
+    ("max_tokens", "TYPE_INT32", (1,)),
     ("num_return_sequences", "TYPE_INT32", (1,)),
     ("bad_words", "TYPE_STRING", (-1,)),
     ("stop_words", "TYPE_STRING", (-1,)),

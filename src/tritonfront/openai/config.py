@@ -30,10 +30,6 @@ class FrontConfig:
     # echo the name the request used.
     served_model_names: tuple[tuple[str, str], ...] = ()
     log_level: str = "warning"
-    # Tokens a chat completion without max_tokens / max_completion_tokens may generate: 0 is
-    # OpenAI's default, the rest of the model's context; a number lowers it (never above the rest
-    # of the context), since one such request at temperature 1 can hold a CPU engine for minutes.
-    default_max_tokens: int = 0
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -61,8 +57,6 @@ SETTINGS = {
                              "comma-separated NAME=TRITON_MODEL pairs: model ids served beside the Triton names, "
                              "e.g. SmolLM2-135M-Instruct=generate"),
     "--log-level": ("TRITONFRONT_OPENAI_LOG_LEVEL", "uvicorn's log level"),
-    "--default-max-tokens": ("TRITONFRONT_OPENAI_DEFAULT_MAX_TOKENS",
-                             "tokens a chat completion without max_tokens may generate; 0: the rest of the context"),
 }
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -119,8 +113,7 @@ def parse(argv: Optional[Sequence[str]] = None, environ: Optional[dict] = None) 
         stream_timeout=number("--stream-timeout", float, 0.1, 24 * 3600),
         sse_keep_alive=number("--sse-keep-alive", float, 0.1, 3600),
         generate_models=_names(args.generate_models), embed_models=_names(args.embed_models),
-        served_model_names=_served_names(args.served_model_names), log_level=args.log_level,
-        default_max_tokens=number("--default-max-tokens", int, 0, 2**31 - 1))
+        served_model_names=_served_names(args.served_model_names), log_level=args.log_level)
     if not config.models:
         raise ConfigError(f"{_named('--generate-models')} and {_named('--embed-models')} name no model")
     both = set(config.generate_models) & set(config.embed_models)

@@ -44,8 +44,7 @@ class Router:
     async def serving(self, app):
         async with self.open_backend() as backend:
             self.models = ModelServing(backend, self.config)
-            self.chat = ChatServing(backend, self.prompts, self.metrics, self.config.triton_model,
-                                    self.config.default_max_tokens)
+            self.chat = ChatServing(backend, self.prompts, self.metrics, self.config.triton_model)
             self.completion = CompletionServing(backend, self.metrics, self.config.triton_model)
             self.embedding = EmbeddingServing(backend, self.config.triton_model)
             yield

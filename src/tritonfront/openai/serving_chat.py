@@ -44,10 +44,9 @@ def _token_logprobs(tokens) -> list[ChatCompletionTokenLogprob]:
 
 class ChatServing:
     def __init__(self, backend: Backend, prompts: Prompts, metrics: FrontMetrics,
-                 triton_model: Callable[[str], str] = str, default_limit: int = 0):
+                 triton_model: Callable[[str], str] = str):
         # The backend knows Triton's model names; answers echo the name the client used (a served name).
         self.backend, self.prompts, self.metrics, self.triton_model = backend, prompts, metrics, triton_model
-        self.default_limit = default_limit  # FrontConfig.default_max_tokens: 0, or a lower cap
 
     def generation_request(self, request: ChatCompletionRequest) -> tuple[GenerationRequest, Optional[tools.ToolRequest]]:
         if not self.prompts.has_chat_template:
@@ -61,9 +60,9 @@ class ChatServing:
                                                        for message in request.messages],
                                                       tool_request, self.prompts.template_takes_tools)
         prompt = self.prompts.chat(turns, template_tools)
+        # No limit given: none is sent, and the llm allows what the context leaves after the prompt
+        # (OpenAI's default), lowered by its default_max_tokens parameter.
         limit, limit_param = request.completion_limit
-        if limit is None:
-            limit = self.default_max_tokens(prompt)
         alternatives = (request.top_logprobs or 0) if request.logprobs else None
         generation = GenerationRequest(self.triton_model(request.model), [prompt], "messages", limit, limit_param, request,
                                        logprobs=alternatives,
@@ -71,15 +70,6 @@ class ChatServing:
                                        response_format=request.response_format,
                                        guide=tool_request.guide() if tool_request else None)
         return generation, tool_request
-
-    def default_max_tokens(self, prompt: str) -> int:
-        """OpenAI's and vLLM's default: as many tokens as the context leaves after the prompt, lowered
-        by FrontConfig.default_max_tokens where set."""
-        limit = self.prompts.room(prompt)
-        if limit < 1:
-            raise invalid("messages", f"messages: the prompt leaves no room to generate in the model's context of "
-                                      f"{self.prompts.context_length} tokens")
-        return min(limit, self.default_limit) if self.default_limit else limit
 
     async def _deltas(self, request: ChatCompletionRequest):
         observed = self.metrics.generation(request.model)
