@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.clients.http import post, sse_events
-from harness.clients.kserve import generate_inputs, tensor
+from harness.clients.kserve import generate_inputs, tensor, tensors
 from harness.clients.streams import Streams, single_error
 from harness.corpora import PROMPTS
 from harness.deploy import write_deployment
@@ -165,6 +165,9 @@ def test_bad_inputs_are_rejected_by_name_and_others_go_on(server, references):
         # Invalid UTF-8 cannot travel in JSON: over gRPC.
         message = single_error(server.grpc_url, generate_inputs("The sky is", 8, stop_words=[b"ok", b"\xff\xfe"]))
         assert "stop_words[1]" in message and "UTF-8" in message
+        # No text_input (every input is optional to Triton, which counts them only): named.
+        message = single_error(server.grpc_url, tensors(max_tokens=8, apply_chat_template=True))
+        assert "text_input: is required" in message
         good.wait(["good"])
         assert "".join(good.texts("good")) == text and good.last("good", "finish_reason").decode() == finish_reason
         assert not good.errors
@@ -178,8 +181,11 @@ def test_http_generate_extension_answers_as_readme_says(server):
     Known limits): tests that fail here mean Triton changed and README must follow."""
     url = f"http://{server.http_url}/v2/models/generate"
     for endpoint in ("generate", "generate_stream"):
+        # No text_input: the llm_tokenizer names it, or Triton says the step got no input at all.
+        status, reply = post(f"{url}/{endpoint}", {"max_tokens": 2, "apply_chat_template": True})
+        assert status == 400 and "text_input: is required" in reply, (endpoint, reply)
         status, reply = post(f"{url}/{endpoint}", {"max_tokens": 2})
-        assert status == 400 and "missing required input(s) ['text_input']" in reply, (endpoint, reply)
+        assert status == 400 and "request has 0 inputs" in reply, (endpoint, reply)
         status, reply = post(f"{url}/{endpoint}", {"text_input": "Hi", "max_tokens": 2, "max_new_tokens": 2})
         assert status == 400 and "max_new_tokens: generate has no input or parameter" in reply, (endpoint, reply)
     # Values of the wrong JSON type and malformed JSON: 500, from Triton's parser.

@@ -43,6 +43,12 @@ def test_bad_rows_are_named():
                            "stop_words": np.array([[b"ok"], [b"\xff"]], dtype=np.object_)})
 
 
+def test_a_request_without_text_input_is_refused_naming_it():
+    """Triton 2.51 lets it through (text_input is optional to Triton, which counts inputs only)."""
+    with pytest.raises(InvalidInput, match=r"^text_input: is required"):
+        PromptBatch.parse({"apply_chat_template": np.array([[True]])})
+
+
 def test_one_encode_call_per_kind_of_text_for_every_prompt_of_every_request(tokenizers, monkeypatch):
     ours, reference = tokenizers
     calls = []
