@@ -102,8 +102,12 @@ class SteadyLoad:
             self.add_client()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
+        """Asks every client to stop after its current request (__exit__ waits for them)."""
         self._stop.set()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
         for thread in self._threads:
             thread.join()
 

@@ -26,6 +26,7 @@ benchmarks=(
   "bench_overload"
   "bench_faults"
   "bench_faults --dp 2 --kills 2"
+  "bench_chaos"
   "soak"
 )
 failed=0

@@ -81,9 +81,10 @@ def id_inputs(id_lists: Sequence[Sequence[int]], module=grpcclient, dimensions: 
                    dimensions=None if dimensions is None else np.full((rows, 1), dimensions, dtype=np.int32))
 
 
-def generate_inputs(text, max_tokens: int, module=grpcclient, **optional) -> list:
-    """A `generate` request: text_input, max_tokens and the optional inputs given (stream,
-    temperature, top_k, top_p, random_seed, stop_words, end_id, apply_chat_template)."""
+def generate_inputs(text, max_tokens: Optional[int], module=grpcclient, **optional) -> list:
+    """A `generate` request: text_input, max_tokens (None: left out, the llm's default) and the
+    optional inputs given (stream, temperature, top_k, top_p, random_seed, stop_words, end_id,
+    apply_chat_template)."""
     return tensors(module, {"random_seed": np.uint64}, text_input=text, max_tokens=max_tokens, **optional)
 
 

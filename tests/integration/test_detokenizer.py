@@ -76,9 +76,11 @@ def replay_inputs(ids: list[int], sizes: list[int]):
 
 def test_chunks_of_a_stream_come_back_in_order_through_an_ensemble(detokenizer_server, tokenizer):
     """As inside `generate`: a decoupled model streams chunks to the detokenizer back to back and
-    the ensemble forwards each answer as it completes. Heavy chunks (300 ids) among 1-id chunks
-    keep two instances busy at once, so without preserve_ordering later chunks overtake earlier
-    ones (measured: ~40 of 656 answers out of order per run)."""
+    the ensemble forwards each answer as it completes. Heavy chunks (300 ids) among 1-id chunks:
+    with two instances and no preserve_ordering later chunks overtook earlier ones (measured: ~40
+    of 656 answers out of order per run); the committed detokenizer has one instance and no batcher
+    (its config.pbtxt says why), which keeps them in order even when chunks come back to back; in
+    `generate` the llm sends a stream's next chunk only once the previous one was decoded."""
     rng = random.Random(1)
     streams = []
     for _ in range(16):

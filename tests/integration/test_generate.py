@@ -4,12 +4,13 @@ generate and generate_stream, stop words, bad inputs, cancellation, and DP balan
 import json
 import threading
 import time
+from typing import Optional
 
 import numpy as np
 import pytest
 
 from harness.clients.http import post, sse_events
-from harness.clients.kserve import generate_inputs, tensor
+from harness.clients.kserve import generate_inputs, tensor, tensors
 from harness.clients.streams import Streams, single_error
 from harness.corpora import PROMPTS
 from harness.deploy import write_deployment
@@ -42,16 +43,18 @@ def references():
 def dp_server(tmp_path_factory):
     """DP 2 (llm balanced by tokens, llm_none by Triton's placement) and 4 detokenizers, one torch
     thread per llm instance on this 2-core machine; room for a burst of 64 streams, so that
-    placement, not the admission limit, decides where requests go."""
+    placement, not the admission limit, decides where requests go. A request without max_tokens
+    gets MAX_TOKENS (llm.default_max_tokens)."""
     out = tmp_path_factory.mktemp("dp2")
     repositories = write_deployment(out, "--dp", "2", "--detokenizers", "4", "--set", "llm.num_threads=1",
+                                    "--set", f"llm.default_max_tokens={MAX_TOKENS}",
                                     "--set", "llm.kv_cache_tokens=8192", "--set", "llm.max_active_requests=64",
                                     "--queue", "llm=64", llm_copies={"llm_none": {"balancing": "none"}})
     with triton_server(out / "server.log", repositories=repositories) as running:
         yield running
 
 
-def case_inputs(case, stream: bool, max_tokens: int = MAX_TOKENS, **optional):
+def case_inputs(case, stream: bool, max_tokens: Optional[int] = MAX_TOKENS, **optional):
     text, chat = case
     return generate_inputs(text, max_tokens, stream=stream, apply_chat_template=chat, **optional)
 
@@ -162,6 +165,9 @@ def test_bad_inputs_are_rejected_by_name_and_others_go_on(server, references):
         # Invalid UTF-8 cannot travel in JSON: over gRPC.
         message = single_error(server.grpc_url, generate_inputs("The sky is", 8, stop_words=[b"ok", b"\xff\xfe"]))
         assert "stop_words[1]" in message and "UTF-8" in message
+        # No text_input (every input is optional to Triton, which counts them only): named.
+        message = single_error(server.grpc_url, tensors(max_tokens=8, apply_chat_template=True))
+        assert "text_input: is required" in message
         good.wait(["good"])
         assert "".join(good.texts("good")) == text and good.last("good", "finish_reason").decode() == finish_reason
         assert not good.errors
@@ -175,8 +181,11 @@ def test_http_generate_extension_answers_as_readme_says(server):
     Known limits): tests that fail here mean Triton changed and README must follow."""
     url = f"http://{server.http_url}/v2/models/generate"
     for endpoint in ("generate", "generate_stream"):
-        status, reply = post(f"{url}/{endpoint}", {"text_input": "Hi"})
-        assert status == 400 and "missing required input(s) ['max_tokens']" in reply, (endpoint, reply)
+        # No text_input: the llm_tokenizer names it, or Triton says the step got no input at all.
+        status, reply = post(f"{url}/{endpoint}", {"max_tokens": 2, "apply_chat_template": True})
+        assert status == 400 and "text_input: is required" in reply, (endpoint, reply)
+        status, reply = post(f"{url}/{endpoint}", {"max_tokens": 2})
+        assert status == 400 and "request has 0 inputs" in reply, (endpoint, reply)
         status, reply = post(f"{url}/{endpoint}", {"text_input": "Hi", "max_tokens": 2, "max_new_tokens": 2})
         assert status == 400 and "max_new_tokens: generate has no input or parameter" in reply, (endpoint, reply)
     # Values of the wrong JSON type and malformed JSON: 500, from Triton's parser.
@@ -187,6 +196,35 @@ def test_http_generate_extension_answers_as_readme_says(server):
     # "stream": true on /generate: the whole generation runs, then 200 with an error in the body.
     status, reply = post(f"{url}/generate", {"text_input": "Hi", "max_tokens": 2, "stream": True})
     assert status == 200 and "use generate stream" in json.loads(reply)["error"], reply
+
+
+def test_without_max_tokens_a_chat_answer_runs_to_its_end(server):
+    """The committed llm (default_max_tokens 0) lets a request that sends no max_tokens generate
+    what the context leaves after its prompt (OpenAI's default): a greedy chat answer that ends on
+    its own well past MAX_TOKENS comes whole, as transformers generate gives it."""
+    case = ("Write a haiku about the sea.", True)
+    ids = prompt_ids(*case)
+    text, finish_reason, completion_tokens = expected(greedy_reference([ids], 96)[0])
+    assert finish_reason == "stop" and completion_tokens > MAX_TOKENS  # the case is what the test needs
+    for stream in (False, True):
+        chunks, got_reason, prompt_tokens, got_tokens = run(
+            server.grpc_url, {"r": case_inputs(case, stream=stream, max_tokens=None)})["r"]
+        assert ("".join(chunks), got_reason, prompt_tokens, got_tokens) == (text, "stop", len(ids), completion_tokens)
+
+
+def test_the_llms_default_max_tokens_caps_only_requests_without_max_tokens(dp_server, references):
+    """dp_server's llm has default_max_tokens MAX_TOKENS: a request without max_tokens gets the
+    reference's MAX_TOKENS-token answer; one that asks for more gets more."""
+    i = next(i for i, (_, (_, reason, _)) in enumerate(references) if reason == "length")
+    ids, (text, _, _) = references[i]
+    longer = MAX_TOKENS + 8
+    longer_text, longer_reason, longer_tokens = expected(greedy_reference([ids], longer)[0])
+    results = run(dp_server.grpc_url, {"default": case_inputs(CASES[i], stream=True, max_tokens=None),
+                                       "given": case_inputs(CASES[i], stream=False, max_tokens=longer)})
+    chunks, reason, prompt_tokens, tokens = results["default"]
+    assert ("".join(chunks), reason, prompt_tokens, tokens) == (text, "length", len(ids), MAX_TOKENS)
+    chunks, reason, prompt_tokens, tokens = results["given"]
+    assert (chunks, reason, tokens) == ([longer_text], longer_reason, longer_tokens) and tokens > MAX_TOKENS
 
 
 def test_64_concurrent_streams_join_to_the_non_streamed_text(dp_server):

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 import openai
@@ -47,8 +48,9 @@ def client(openai_server):
     return sdk(openai_server.openai_url)
 
 
-def generate(server, text: str, max_tokens: int = MAX_TOKENS, **optional) -> dict:
-    """`generate`'s whole answer over gRPC: text, finish reason, token counts (and any other output)."""
+def generate(server, text: str, max_tokens: Optional[int] = MAX_TOKENS, **optional) -> dict:
+    """`generate`'s whole answer over gRPC (max_tokens None: not sent): text, finish reason, token
+    counts (and any other output)."""
     responses = one_streamed_request(server.grpc_url, "generate",
                                      kserve.generate_inputs(text, max_tokens, stream=False, **optional), 300)
     last = responses[-1]
@@ -82,6 +84,20 @@ def test_chat_equals_generate_under_greedy(client, openai_server, question):
     assert choice.finish_reason == expected["finish_reason"]
     assert answer.usage.model_dump(exclude_none=True) == usage(expected["prompt_tokens"], expected["completion_tokens"])
     assert answer.object == "chat.completion" and answer.model == "generate"
+
+
+def test_a_chat_without_max_tokens_is_generate_without_max_tokens(client, openai_server):
+    """No limit given: the front sends none, and the llm allows what the context leaves after the
+    prompt (its committed default_max_tokens is 0): the greedy answer ends on its own, past the
+    limits the other tests set, as generate's does."""
+    question = QUESTIONS[1]
+    answer = client.chat.completions.create(model="generate", messages=[{"role": "user", "content": question}],
+                                            temperature=0)
+    expected = generate(openai_server, question, None, apply_chat_template=True)
+    assert expected["finish_reason"] == "stop" and expected["completion_tokens"] > MAX_TOKENS
+    assert answer.choices[0].message.content == expected["text_output"]
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage.model_dump(exclude_none=True) == usage(expected["prompt_tokens"], expected["completion_tokens"])
 
 
 def test_a_conversation_with_a_system_prompt_is_rendered_by_the_models_template(client, openai_server):

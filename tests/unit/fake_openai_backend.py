@@ -47,16 +47,12 @@ class FakeBackend:
 
 
 class Prompts:
-    """The LLM tokenizer's stand-in: a chat prompt is its messages joined; one token per character."""
+    """The LLM tokenizer's stand-in: a chat prompt is its messages joined."""
     has_chat_template = True
     template_takes_tools = False
-    context_length = 100
 
     def chat(self, messages, tools=None):
         return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
-
-    def room(self, prompt):
-        return self.context_length - len(prompt)
 
 
 def delta(text, finish_reason=None, completion_tokens=1, tokens=None) -> TextDelta:

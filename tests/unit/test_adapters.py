@@ -296,8 +296,8 @@ def test_detokenizer_decodes_passes_through_and_acknowledges_what_it_decoded(pb_
 
 
 @pytest.mark.parametrize("model, args, message", [
-    ("detokenizer", {"dynamic_batching": {"max_queue_delay_microseconds": 500}},
-     "model detokenizer: dynamic_batching { preserve_ordering: true } is required"),
+    ("detokenizer", {"dynamic_batching": {"preserve_ordering": True}},
+     "model detokenizer: dynamic_batching must not be set"),
     ("tokenizer", {"model_transaction_policy": {"decoupled": True}},
      "model tokenizer: model_transaction_policy { decoupled: false } is required"),
     ("encoder", {"parameters": {"max_batch_tokens": "lots"}},

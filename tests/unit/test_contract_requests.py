@@ -180,3 +180,12 @@ def test_inputs_no_engine_honours_are_refused_by_name_with_the_reason(name):
 def test_values_that_ask_for_nothing_are_accepted(changes):
     request, = parse(**changes)
     assert request.params.greedy
+
+
+def test_without_max_tokens_each_prompt_may_use_what_the_context_leaves_after_it():
+    """Prompts of 3, 2 and 4 tokens in one request, max_tokens not sent (it is optional in the
+    contract): each gets its own rest of the context, or the llm's lower default_max_tokens."""
+    uncapped = parse_batch(inputs(3, max_tokens=None), VOCAB, CONTEXT)
+    assert [r.params.max_tokens for r in uncapped] == [CONTEXT - 3, CONTEXT - 2, CONTEXT - 4]
+    capped = parse_batch(inputs(3, max_tokens=None), VOCAB, CONTEXT, default_max_tokens=61)
+    assert [r.params.max_tokens for r in capped] == [61, 61, CONTEXT - 4]

@@ -43,6 +43,12 @@ def test_bad_rows_are_named():
                            "stop_words": np.array([[b"ok"], [b"\xff"]], dtype=np.object_)})
 
 
+def test_a_request_without_text_input_is_refused_naming_it():
+    """Triton 2.51 lets it through (text_input is optional to Triton, which counts inputs only)."""
+    with pytest.raises(InvalidInput, match=r"^text_input: is required"):
+        PromptBatch.parse({"apply_chat_template": np.array([[True]])})
+
+
 def test_one_encode_call_per_kind_of_text_for_every_prompt_of_every_request(tokenizers, monkeypatch):
     ours, reference = tokenizers
     calls = []
@@ -142,3 +148,16 @@ def test_per_token_texts_and_top_alternatives_from_the_llms_tensors(tokenizers, 
     assert out["output_top_texts"][0, 0, :, 0].tolist() == shares[0, 0].tolist()
     assert set(out["output_top_texts"][0, 0, :, 1]) == {b" and"}  # wherever it stood
     assert "return_token_texts" not in out  # the flag is the detokenizer's, not the client's
+
+
+def test_a_cancelled_requests_chunk_is_answered_but_never_acknowledged(detokenizer):
+    """Triton 2.51's ensemble must get a response for every step it started, so a chunk of a
+    cancelled request is answered; left unacknowledged, it tells the llm the stream is abandoned."""
+    stamp = np.array([[7, 0, 3, 1001]], dtype=np.int64)
+    acknowledged = []
+    live, cancelled = detokenizer.respond(
+        [DetokenizeRequest.parse(chunk([100], delivery=stamp)),
+         DetokenizeRequest.parse(chunk([101], delivery=stamp + [0, 0, 1, 1]), cancelled=True)],
+        lambda delivery: acknowledged.append(delivery.tolist()))
+    assert acknowledged == [stamp.tolist()]
+    assert live["text_output"].shape == cancelled["text_output"].shape == (1,)

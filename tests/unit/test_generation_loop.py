@@ -270,12 +270,38 @@ def test_tokens_wait_behind_an_unacknowledged_chunk_and_leave_together(tmp_path)
     assert client.chunks["s"][-1].context_ids == [100, 101]
 
     engine.emit(request_id, [105])
-    loop.step()  # [102, 103, 104] not acknowledged yet, but the end never waits
+    loop.step()  # [102, 103, 104] not acknowledged yet
     engine.emit(request_id, [106], finished=True)
     loop.step()
+    # The end waits too: two chunks of a stream in the detokenizer at once could change places.
+    assert len(client.chunks["s"]) == 3 and loop.load().active_sequences == 1
+    engine.emit(request_id, [107])  # the engine's late output for an ended request is ignored
+    acknowledge_all()
+    loop.step()
     assert [c.output_ids for c in client.chunks["s"][3:]] == [[105, 106]]
-    assert client.chunks["s"][-1].finish_reason == FINISH_LENGTH
-    assert loop.load().active_sequences == 0
+    assert client.chunks["s"][-1].finish_reason == FINISH_LENGTH and client.chunks["s"][-1].final
+    assert loop.load().active_sequences == 0 and engine.cancelled == []
+
+
+def test_a_final_chunk_behind_a_chunk_never_acknowledged_ends_as_cancelled(tmp_path):
+    now = [0.0]
+    rows = open_rows(ack_table_path(7, 1, tmp_path), 1, SLOTS)
+    engine, client = ScriptedEngine(), Client()
+    loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0,
+                          delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=5.0, clock=lambda: now[0]))
+    loop.submit("s", GenerationRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
+                                       delivery_acknowledged=True))
+    (request_id,) = engine.added
+    engine.emit(request_id, [100])
+    loop.step()
+    engine.emit(request_id, [101, EOS], finished=True)
+    loop.step()
+    assert len(client.chunks["s"]) == 1
+    now[0] += 5.1  # [100] was dropped: the stream is abandoned
+    loop.step()
+    assert [c.finish_reason for c in client.chunks["s"]] == ["", FINISH_CANCELLED]
+    assert client.chunks["s"][-1].final and engine.cancelled == []  # it had left the engine
+    assert loop.load().active_sequences == 0 and loop.load().cancelled_requests == 1
 
 
 class RecordingHooks(TurnHooks):

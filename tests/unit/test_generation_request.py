@@ -16,8 +16,8 @@ def inputs(**changes) -> dict:
     return {name: value for name, value in tensors.items() if value is not None}
 
 
-def parse(**changes) -> GenerationRequest:
-    return GenerationRequest.parse(inputs(**changes), VOCAB, CONTEXT)
+def parse(default_max_tokens: int = 0, **changes) -> GenerationRequest:
+    return GenerationRequest.parse(inputs(**changes), VOCAB, CONTEXT, default_max_tokens=default_max_tokens)
 
 
 def test_a_minimal_request_is_greedy_and_whole():
@@ -54,7 +54,6 @@ def test_top_logprobs_turn_the_log_probs_on_and_token_texts_are_asked_for_apart(
     ({"input_lengths": np.array([[0]], dtype=np.int32)}, "input_lengths: 0 is outside 1..4"),
     ({"input_ids": np.array([[5, 1000]], dtype=np.int32), "input_lengths": np.array([[2]], dtype=np.int32)},
      "input_ids: token ids must be in 0..999"),
-    ({"max_tokens": None}, "max_tokens: is required"),
     ({"max_tokens": np.array([[62]], dtype=np.int32)}, "max_tokens: 62 is outside 1..61"),
     ({"top_p": np.array([[0.0]], dtype=np.float32)}, "top_p: 0.0 must be in (0, 1]"),
     ({"top_k": np.array([[3], [4]], dtype=np.int32)}, "top_k: must have one value per request"),
@@ -65,3 +64,22 @@ def test_bad_inputs_are_named_with_their_limit(changes, message):
     with pytest.raises(InvalidInput) as error:
         parse(**changes)
     assert str(error.value).startswith(message)
+
+
+def test_without_max_tokens_a_request_may_use_what_the_context_leaves():
+    """OpenAI's default (the llm's default_max_tokens 0): the 3-token prompt leaves 61 of 64."""
+    assert parse(max_tokens=None).params.max_tokens == CONTEXT - 3
+
+
+def test_the_default_max_tokens_parameter_lowers_only_the_default():
+    assert parse(default_max_tokens=10, max_tokens=None).params.max_tokens == 10
+    assert parse(default_max_tokens=10, max_tokens=np.array([[20]], dtype=np.int32)).params.max_tokens == 20
+    assert parse(default_max_tokens=500, max_tokens=None).params.max_tokens == CONTEXT - 3  # never past the context
+
+
+@pytest.mark.parametrize("default_max_tokens", [0, 10])
+def test_without_max_tokens_a_prompt_that_fills_the_context_is_refused_by_name(default_max_tokens):
+    full = np.arange(1, CONTEXT + 1, dtype=np.int32).reshape(1, -1)
+    with pytest.raises(InvalidInput) as error:
+        parse(default_max_tokens, max_tokens=None, input_ids=full, input_lengths=np.array([[CONTEXT]], dtype=np.int32))
+    assert str(error.value).startswith(f"input_ids: {CONTEXT} prompt tokens leave no room for generation")

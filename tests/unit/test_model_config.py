@@ -55,6 +55,8 @@ def test_configs_are_frozen():
     ("llm", "kv_cache_tokens", "-1", "parameter kv_cache_tokens: '-1' is not allowed; it must be an integer >= 0 "
                                      "(default 32768)"),
     ("llm", "max_num_seqs", "1.5", "parameter max_num_seqs: '1.5' is not allowed; it must be an integer >= 1"),
+    ("llm", "default_max_tokens", "-8", "parameter default_max_tokens: '-8' is not allowed; it must be an integer "
+                                        ">= 0 (default 0)"),
     ("tokenizer", "max_text_bytes", "", "parameter max_text_bytes: '' is not allowed; it must be an integer >= 1"),
     ("encoder", "num_threads", "all", "parameter num_threads: 'all' is not allowed; it must be an integer >= 0"),
     ("detokenizer", "window", "8", "detokenizer has no parameter 'window'; its parameters are model_source"),
@@ -90,8 +92,8 @@ def test_the_watchdog_reload_parameter_is_ignored():
 @pytest.mark.parametrize("model, change, message", [
     ("llm", lambda c: c.pop("model_transaction_policy"),
      "model llm: model_transaction_policy { decoupled: true } is required"),
-    ("detokenizer", lambda c: c["dynamic_batching"].pop("preserve_ordering"),
-     "model detokenizer: dynamic_batching { preserve_ordering: true } is required"),
+    ("detokenizer", lambda c: c.update(dynamic_batching={"preserve_ordering": True}),
+     "model detokenizer: dynamic_batching must not be set"),
     ("pooler", lambda c: c.update(model_transaction_policy={"decoupled": True}),
      "model pooler: model_transaction_policy { decoupled: false } is required (execute returns one response per "
      "request), the config says decoupled: true"),

@@ -49,9 +49,9 @@ def test_a_chat_answer_is_a_chat_completion_with_usage(answering):
                                   "logprobs": None, "finish_reason": "stop"}]
     assert answer["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
     [request] = backend.requests
-    # Without a limit, a chat prompt may use the rest of the context.
+    # Without a limit none is sent: the llm allows what the context leaves after the prompt.
     assert (request.prompts, request.prompt_param) == ([CHAT_PROMPT], "messages")
-    assert (request.max_tokens, request.max_tokens_param) == (100 - len(CHAT_PROMPT), "max_tokens")
+    assert request.max_tokens is None
 
 
 def test_a_completion_defaults_to_16_tokens_and_streams_chunks_then_done(answering):

@@ -44,9 +44,16 @@ def completion_plan(inputs=TRTLLM, **fields):
 def test_openai_samples_at_temperature_1_unless_told():
     plan = chat_plan()
     assert plan.prompts == ["user:hi|assistant:"]
-    assert plan.inputs == {"max_tokens": 100 - len("user:hi|assistant:"), "temperature": 1.0, "top_p": 1.0,
-                           "stream": True}
-    assert plan.params["max_tokens"] == "max_tokens" and plan.params["text_input"] == "messages"
+    # No max_tokens sent: the llm allows what the context leaves (its default_max_tokens lowers it).
+    assert plan.inputs == {"temperature": 1.0, "top_p": 1.0, "stream": True}
+    assert plan.params["text_input"] == "messages"
+
+
+def test_a_limit_given_is_sent_by_the_parameter_it_came_in():
+    assert (chat_plan(max_tokens=50).inputs["max_tokens"], chat_plan(max_tokens=50).params["max_tokens"]) == (
+        50, "max_tokens")
+    assert (chat_plan(max_completion_tokens=30).inputs["max_tokens"],
+            chat_plan(max_completion_tokens=30).params["max_tokens"]) == (30, "max_completion_tokens")
 
 
 def test_temperature_0_is_greedy_alone():
@@ -59,7 +66,7 @@ def test_every_sampling_parameter_reaches_its_input():
     plan = chat_plan(temperature=0.7, top_p=0.9, top_k=5, seed=-1, stop="\n", presence_penalty=0.5,
                      frequency_penalty=-0.5, repetition_penalty=1.1, min_tokens=2, n=3, logprobs=True,
                      response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
-    assert plan.inputs == {"max_tokens": plan.inputs["max_tokens"], "temperature": 0.7, "top_p": 0.9, "top_k": 5,
+    assert plan.inputs == {"temperature": 0.7, "top_p": 0.9, "top_k": 5,
                            "seed": 2**64 - 1, "stop_words": ["\n"], "presence_penalty": 0.5,
                            "frequency_penalty": -0.5, "repetition_penalty": 1.1, "min_tokens": 2,
                            "num_return_sequences": 3, "stream": True, "return_log_probs": True,
@@ -159,9 +166,3 @@ def test_a_model_without_a_chat_template_refuses_chat():
     with pytest.raises(OpenAIError) as caught:
         ChatServing(None, Plain(), FrontMetrics()).generation_request(request)
     assert caught.value.param == "messages" and "no chat template" in caught.value.message
-
-
-def test_a_chat_prompt_that_fills_the_context_is_refused_before_triton():
-    with pytest.raises(OpenAIError) as caught:
-        chat_plan(messages=[{"role": "user", "content": "x" * 100}])
-    assert caught.value.param == "messages" and "context of 100 tokens" in caught.value.message

@@ -63,7 +63,7 @@ class TritonPythonModel:
         each checked by the engine (what it cannot honour, guides that do not compile) before any is
         queued."""
         sequences = parse_batch(glue.inputs(request), self.engine.vocab_size, self.engine.context_length,
-                                self.config.exclude_input_in_output == "true")
+                                self.config.exclude_input_in_output == "true", self.config.default_max_tokens)
         for sequence in sequences:
             self.engine.check_request(sequence.params)
         return sequences

@@ -92,9 +92,12 @@ class DetokenizeRequest:
     heads: list[int] = field(default_factory=list)  # per row: the echoed prompt ids at the start of output_ids
     token_texts: bool = False  # add output_token_texts
     top_ids: Optional[np.ndarray] = None  # [rows, 1, tokens, k] alternatives whose texts to add
+    # Its ensemble request was cancelled (the client left): decoded for Triton, whose ensemble
+    # must get every step's response, but never acknowledged, so the llm frees the stream.
+    cancelled: bool = False
 
     @classmethod
-    def parse(cls, inputs: Inputs) -> "DetokenizeRequest":
+    def parse(cls, inputs: Inputs, cancelled: bool = False) -> "DetokenizeRequest":
         # Triton has checked that every input has the same batch size (rows).
         output_ids = required(inputs, "output_ids")
         rows = output_ids.shape[0]
@@ -110,7 +113,7 @@ class DetokenizeRequest:
                   for context, output, final, head in zip(context_ids, output_ids, is_final, heads)]
         flag = inputs.get(TOKEN_TEXTS_FLAG)
         return cls(chunks, passed_through, inputs.get("delivery"), [len(head) for head in heads],
-                   flag is not None and bool(flag.any()), inputs.get("output_top_ids"))
+                   flag is not None and bool(flag.any()), inputs.get("output_top_ids"), cancelled)
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -427,7 +430,8 @@ class StreamDetokenizer:
     def respond(self, requests: Sequence[DetokenizeRequest],
                 acknowledge: Callable[[np.ndarray], None]) -> list:
         """The `detokenizer` model's outputs per request, or the InvalidInput it earned; the chunks
-        of each request that decoded are acknowledged to their llm rank (tritonfront.core.delivery)."""
+        of each request that decoded and was not cancelled are acknowledged to their llm rank
+        (tritonfront.core.delivery)."""
         results = self.detokenize_requests([request.chunks for request in requests])
         outputs: list = []
         for request, texts in zip(requests, results):
@@ -439,7 +443,7 @@ class StreamDetokenizer:
             except InvalidInput as error:
                 outputs.append(error)
                 continue
-            if request.delivery is not None:
+            if request.delivery is not None and not request.cancelled:
                 acknowledge(request.delivery)
             # One string per row without a further dimension, as TensorRT-LLM's postprocessing
             # sends text_output (its clients read output[0]).

@@ -16,7 +16,9 @@ check are a Responder's job, so this runs and is tested without Triton.
 A stream behind the ensemble gets one detokenizer request per chunk. While its previous chunk is
 not acknowledged yet (still queued in the detokenizer, or being decoded), new tokens are held and
 go out together in one chunk once it is: an idle server streams every token as it comes, and a
-detokenizer that falls behind gets fewer, larger chunks instead of a growing queue.
+detokenizer that falls behind gets fewer, larger chunks instead of a growing queue. The final
+chunk waits the same way (or until the stream is found abandoned), so a stream never has two
+chunks in the detokenizer, whose instances do not keep order between them.
 """
 import itertools
 import logging
@@ -217,6 +219,7 @@ class GenerationLoop:
         self.hooks: Optional[TurnHooks] = None
         self._live: dict[str, _Live] = {}
         self._held: set[str] = set()  # streams whose ready ids wait for their previous chunk's acknowledgement
+        self._finishing: dict[str, list[Chunk]] = {}  # ended streams whose final chunk waits the same way
         self._cancelled = 0
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified whenever a request leaves
@@ -307,18 +310,23 @@ class GenerationLoop:
     def _deliver(self, output: EngineOutput) -> None:
         with self._lock:
             live = self._live.get(output.request_id)
-        if live is None:
+        if live is None or output.request_id in self._finishing:
             return
         if output.error:
             self._retire(output.request_id, cancel_engine=False)
             self._fail(live.handle, RuntimeError(output.error))
             return
+        awaiting = self._awaiting_acknowledgement(output.request_id)
         chunks = live.completion.on_tokens(output.token_ids, output.finished, output.finish_reason,
-                                           hold=self._awaiting_acknowledgement(output.request_id),
-                                           log_probs=output.log_probs, top_log_probs=output.top_log_probs)
+                                           hold=awaiting, log_probs=output.log_probs,
+                                           top_log_probs=output.top_log_probs)
         if live.completion.finished:
-            # A stop sequence ends the request before the engine would have.
-            self._retire(output.request_id, cancel_engine=not output.finished)
+            if not output.finished:  # a stop sequence ends the request before the engine would have
+                self.engine.cancel(output.request_id)
+            if awaiting:
+                self._finishing[output.request_id] = chunks
+                return
+            self._retire(output.request_id, cancel_engine=False)
         elif live.completion.holding:
             self._held.add(output.request_id)
         for chunk in chunks:
@@ -331,6 +339,14 @@ class GenerationLoop:
             return self.delivery.in_flight(request_id)
 
     def _release_held(self) -> None:
+        for request_id in list(self._finishing):
+            if not self._awaiting_acknowledgement(request_id):
+                with self._lock:
+                    live = self._live.get(request_id)
+                chunks = self._finishing.pop(request_id)
+                self._retire(request_id, cancel_engine=False)
+                for chunk in chunks:
+                    self._send_or_cancel(live, chunk)
         for request_id in list(self._held):
             with self._lock:
                 live = self._live.get(request_id)
@@ -352,7 +368,8 @@ class GenerationLoop:
         now = self.clock()
         for request_id, live in live_items:
             if request_id in abandoned or self._cancel_check_due(live, now) and self._is_cancelled(live):
-                self._retire(request_id, cancel_engine=True)
+                # An ended stream waiting to send its final chunk has left the engine already.
+                self._retire(request_id, cancel_engine=self._finishing.pop(request_id, None) is None)
                 with self._lock:
                     self._cancelled += 1
                 self._send(live, live.completion.cancel())
@@ -380,6 +397,7 @@ class GenerationLoop:
                 for request_id in self._live:
                     self.delivery.release(request_id)
             lost, self._live = [live.handle for live in self._live.values()], {}
+            self._finishing.clear()
             self._room.notify_all()
         for handle in lost:
             self._fail(handle, error)

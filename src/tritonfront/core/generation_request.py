@@ -51,17 +51,18 @@ class GenerationRequest:
 
     @classmethod
     def parse(cls, inputs: Inputs, vocab_size: int, context_length: int,
-              exclude_input_default: bool = False) -> "GenerationRequest":
+              exclude_input_default: bool = False, default_max_tokens: int = 0) -> "GenerationRequest":
         """A request of one prompt and one sequence; raises InvalidInput naming the first input
-        outside its limit."""
+        outside its limit. `default_max_tokens`: LLMConfig.default_max_tokens (0: no cap below
+        what the context leaves), the limit of a request that sends no max_tokens."""
         ids = required(inputs, "input_ids")
         if ids.ndim != 2 or ids.shape[0] != 1:
             raise InvalidInput("input_ids", f"shape {list(ids.shape)} must be [1, tokens]: one prompt per request")
-        return _parse_prompt(inputs, 0, 1, vocab_size, context_length, exclude_input_default)[0]
+        return _parse_prompt(inputs, 0, 1, vocab_size, context_length, exclude_input_default, default_max_tokens)[0]
 
 
 def parse_batch(inputs: Inputs, vocab_size: int, context_length: int,
-                exclude_input_default: bool = False) -> list[GenerationRequest]:
+                exclude_input_default: bool = False, default_max_tokens: int = 0) -> list[GenerationRequest]:
     """Every sequence a request asks for: its prompts (rows of input_ids) times each prompt's
     num_return_sequences, in that order. Raises InvalidInput naming the first bad input; nothing
     is returned for a request with any bad prompt."""
@@ -71,7 +72,8 @@ def parse_batch(inputs: Inputs, vocab_size: int, context_length: int,
     check_supported(inputs)
     rows = ids.shape[0]
     sequences = [request for row in range(rows)
-                 for request in _parse_prompt(inputs, row, rows, vocab_size, context_length, exclude_input_default)]
+                 for request in _parse_prompt(inputs, row, rows, vocab_size, context_length, exclude_input_default,
+                                              default_max_tokens)]
     if len(sequences) > MAX_SEQUENCES_PER_REQUEST:
         raise InvalidInput("num_return_sequences", f"{len(sequences)} sequences ({rows} prompts) is over the limit "
                                                    f"of {MAX_SEQUENCES_PER_REQUEST} per request")
@@ -161,7 +163,7 @@ def _guided_decoding(inputs: Inputs, row: int, rows: int) -> Optional[GuidedDeco
 
 
 def _parse_prompt(inputs: Inputs, row: int, rows: int, vocab_size: int, context_length: int,
-                  exclude_input_default: bool) -> list[GenerationRequest]:
+                  exclude_input_default: bool, default_max_tokens: int) -> list[GenerationRequest]:
     ids = required(inputs, "input_ids")
     lengths = required(inputs, "input_lengths").reshape(-1)
     if lengths.size != rows:
@@ -174,7 +176,10 @@ def _parse_prompt(inputs: Inputs, row: int, rows: int, vocab_size: int, context_
         raise InvalidInput("input_ids", f"token ids must be in 0..{vocab_size - 1}")
     max_tokens = row_scalar(inputs, "max_tokens", row, rows)
     if max_tokens is None:
-        raise InvalidInput("max_tokens", "is required")
+        # OpenAI's default: what the context leaves (a prompt that leaves nothing is refused by
+        # validate below, naming input_ids), lowered by the llm's parameter.
+        room = context_length - length
+        max_tokens = min(room, default_max_tokens) if default_max_tokens else room
     max_tokens = int(max_tokens)
     count = int(row_scalar(inputs, "num_return_sequences", row, rows, 1))
     if not 1 <= count <= MAX_RETURN_SEQUENCES:

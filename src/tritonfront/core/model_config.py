@@ -80,7 +80,7 @@ class Config:
     """Base of the config classes: the structure of config.pbtxt the model's code relies on."""
 
     DECOUPLED: ClassVar[bool] = False  # responses from a sender (True) or returned by execute
-    PRESERVE_ORDERING: ClassVar[bool] = False  # dynamic_batching { preserve_ordering: true } required
+    NO_BATCHER: ClassVar[bool] = False  # dynamic_batching must be absent
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,10 @@ class LLMConfig(Config):
     num_threads: int = _parameter(0, "compute threads per instance (torch intra-op threads; llama.cpp's threads with "
                                      "engine llama_cpp); 0: one per core, with llama_cpp split between the ranks",
                                   minimum=0)
+    # One request without max_tokens at temperature 1 can hold a CPU engine for minutes.
+    default_max_tokens: int = _parameter(
+        0, "tokens a request that sends no max_tokens may generate: 0, what the context leaves after its "
+           "prompt (OpenAI's default); a number lowers that (never above what the context leaves)", minimum=0)
     exclude_input_in_output: str = _parameter(
         "false", "for requests that do not send exclude_input_in_output: true, a whole answer is its generated "
                  "text; false, the prompt and then the answer (TensorRT-LLM's tensorrt_llm parameter and default)",
@@ -172,9 +176,10 @@ class LLMConfig(Config):
 
 @dataclass(frozen=True)
 class DetokenizerConfig(Config):
-    # Chunks of one stream are decoded by whichever instance takes them, but must reach the
-    # client in order.
-    PRESERVE_ORDERING: ClassVar[bool] = True
+    # Triton's batcher would fail the chunks of a cancelled stream, and an ensemble step that
+    # fails while the llm step runs keeps the ensemble request in Triton for good (its
+    # config.pbtxt says more).
+    NO_BATCHER: ClassVar[bool] = True
 
     model_source: str = _model_source("llm")
 
@@ -233,6 +238,6 @@ def _check_structure(name: str, config_class: type, model_config: Mapping[str, A
                else "execute returns one response per request")
         raise ConfigError(f"model {name}: model_transaction_policy {{ decoupled: {str(config_class.DECOUPLED).lower()} }} "
                           f"is required ({why}), the config says decoupled: {str(decoupled).lower()}")
-    if config_class.PRESERVE_ORDERING and not model_config.get("dynamic_batching", {}).get("preserve_ordering", False):
-        raise ConfigError(f"model {name}: dynamic_batching {{ preserve_ordering: true }} is required (chunks of one "
-                          f"stream decoded by several instances must leave in the order they came)")
+    if config_class.NO_BATCHER and "dynamic_batching" in model_config:
+        raise ConfigError(f"model {name}: dynamic_batching must not be set (Triton's batcher fails the chunks of a "
+                          f"cancelled stream, and the generate ensemble would then keep that request for good)")

@@ -30,11 +30,16 @@ def _outputs(*specs: tuple) -> tuple[TensorSpec, ...]:
     return tuple(TensorSpec(*spec, optional=False) for spec in specs)
 
 
-# TensorRT-LLM's ensemble inputs, in its order.
+# TensorRT-LLM's ensemble inputs, in its order. Two differences, both inputs its clients always
+# send: max_tokens, required there, is optional here (a request without it may generate what the
+# context leaves after its prompt, as OpenAI's API does, lowered by the llm's default_max_tokens
+# parameter); and so is text_input, which the llm_tokenizer requires itself, naming it. Triton 2.51
+# checks only how many inputs a request has: with max_tokens optional, a request that sends one
+# other input and no text_input passed Triton, and the ensemble then answered nothing at all.
 INPUTS = _inputs(
-    ("text_input", "TYPE_STRING", (1,), False),
+    ("text_input", "TYPE_STRING", (1,)),
     ("decoder_text_input", "TYPE_STRING", (1,)),
-    ("max_tokens", "TYPE_INT32", (1,), False),
+    ("max_tokens", "TYPE_INT32", (1,)),
     ("num_return_sequences", "TYPE_INT32", (1,)),
     ("bad_words", "TYPE_STRING", (-1,)),
     ("stop_words", "TYPE_STRING", (-1,)),

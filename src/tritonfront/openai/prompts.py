@@ -1,5 +1,6 @@
 """The LLM's tokenizer in the front: chat prompts (multi-turn, system prompts; rendered by the core
-library's render_chat, as the llm_tokenizer renders its own) and prompt lengths.
+library's render_chat, as the llm_tokenizer renders its own). How many tokens a prompt leaves to
+generate is the llm's to decide (it caps a request without max_tokens), so the front counts none.
 
 The generation ensemble takes text: the `llm_tokenizer` model encodes a raw prompt with the special
 tokens the tokenizer's post-processor adds (as `tokenizer(text)` does). A rendered chat template
@@ -14,16 +15,15 @@ import logging
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..core.tokenization import max_sequence_length, render_chat
+from ..core.tokenization import render_chat
 from .tools import template_takes_tools
 
 log = logging.getLogger("tritonfront.openai")
 
 
 class Prompts:
-    def __init__(self, tokenizer, context_length: int):
+    def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.context_length = context_length
         self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
         self.template_takes_tools = template_takes_tools(getattr(tokenizer, "chat_template", None))
         with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
@@ -41,7 +41,7 @@ class Prompts:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        return cls(tokenizer, max_sequence_length(model_dir, tokenizer))
+        return cls(tokenizer)
 
     def chat(self, messages: Sequence[dict], tools: Optional[list] = None) -> str:
         """The raw prompt for `messages` ({"role", "content"[, "name"]}) and, for a template that
@@ -51,11 +51,3 @@ class Prompts:
         if self._added_prefix and text.startswith(self._added_prefix):
             text = text[len(self._added_prefix):]
         return text
-
-    def count(self, prompt: str) -> int:
-        """Tokens of a raw prompt as the ensemble's tokenizer encodes it."""
-        return len(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-
-    def room(self, prompt: str) -> int:
-        """Tokens the model may generate after `prompt` (vLLM's default max_tokens)."""
-        return self.context_length - self.count(prompt)

@@ -60,9 +60,9 @@ class ChatServing:
                                                        for message in request.messages],
                                                       tool_request, self.prompts.template_takes_tools)
         prompt = self.prompts.chat(turns, template_tools)
+        # No limit given: none is sent, and the llm allows what the context leaves after the prompt
+        # (OpenAI's default), lowered by its default_max_tokens parameter.
         limit, limit_param = request.completion_limit
-        if limit is None:
-            limit = self.default_max_tokens(prompt)
         alternatives = (request.top_logprobs or 0) if request.logprobs else None
         generation = GenerationRequest(self.triton_model(request.model), [prompt], "messages", limit, limit_param, request,
                                        logprobs=alternatives,
@@ -70,14 +70,6 @@ class ChatServing:
                                        response_format=request.response_format,
                                        guide=tool_request.guide() if tool_request else None)
         return generation, tool_request
-
-    def default_max_tokens(self, prompt: str) -> int:
-        """vLLM's default: as many tokens as the context leaves after the prompt."""
-        limit = self.prompts.room(prompt)
-        if limit < 1:
-            raise invalid("messages", f"messages: the prompt leaves no room to generate in the model's context of "
-                                      f"{self.prompts.context_length} tokens")
-        return limit
 
     async def _deltas(self, request: ChatCompletionRequest):
         observed = self.metrics.generation(request.model)

@@ -54,10 +54,12 @@ def error_response(error: Exception) -> "pb_utils.InferenceResponse":
 
 
 def execute_batch(requests: Sequence, parse: Callable, compute: Callable[[list], list],
-                  requested_outputs: bool = False, request_parameters: bool = False) -> list:
+                  requested_outputs: bool = False, request_parameters: bool = False,
+                  cancellation: bool = False) -> list:
     """The dynamic batch of a non-decoupled model: `parse` each request's inputs (then the names of
     the outputs it asked for when `requested_outputs`, then its parameters when
-    `request_parameters`; a request that fails gets its own error), run `compute` once over every
+    `request_parameters`, then whether it was cancelled when `cancellation`; a request that fails
+    gets its own error), run `compute` once over every
     parsed request (it returns, per request, a dict of outputs or the exception that request
     earned), then answer each request."""
     responses: list = [None] * len(requests)
@@ -69,6 +71,8 @@ def execute_batch(requests: Sequence, parse: Callable, compute: Callable[[list],
                 arguments += (request.requested_output_names(),)
             if request_parameters:
                 arguments += (parameters(request),)
+            if cancellation:
+                arguments += (request.is_cancelled(),)
             parsed.append(parse(*arguments))
             positions.append(i)
         except Exception as error:
