@@ -112,9 +112,10 @@ def configure(args) -> Path:
                 config.dynamic_batching.preferred_batch_size[:] = [1]
             if name in queues:
                 set_queue(config, queues[name])
-            if args.engine and name == "llm":
-                set_parameter(config, "engine", args.engine)
-                for parameter, value in ENGINE_PARAMETERS.get(args.engine, {}).items():
+            engine = args.engine or next((value for key, _, value in overrides if key == "llm.engine"), None)
+            if engine and name == "llm":
+                set_parameter(config, "engine", engine)
+                for parameter, value in ENGINE_PARAMETERS.get(engine, {}).items():
                     set_parameter(config, parameter, value)
             for key, _, value in overrides:
                 model, _, parameter = key.partition(".")
@@ -175,6 +176,9 @@ def check_queues(parser, items: list[str]) -> None:
         model, equals, spec = item.partition("=")
         if not equals or model not in CONFIGS:
             parser.error(f"--queue {item!r}: expected MODEL=SIZE[:TIMEOUT_MS] with MODEL one of {', '.join(CONFIGS)}")
+        if CONFIGS[model].NO_BATCHER:
+            parser.error(f"--queue {item!r}: {model} has no queue policy (no dynamic batcher: "
+                         f"model_repository/{model}/config.pbtxt says why)")
         size, _, timeout_ms = spec.partition(":")
         for name, text in (("SIZE", size), ("TIMEOUT_MS", timeout_ms or "1")):
             if not text.isdigit() or int(text) < 1:

@@ -29,6 +29,7 @@ def refused(capsys, tmp_path, *args) -> str:
     (["--queue", "llmm=1"], "--queue 'llmm=1': expected MODEL=SIZE[:TIMEOUT_MS] with MODEL one of"),
     (["--queue", "llm=0"], "SIZE must be an integer >= 1, got '0'"),
     (["--queue", "llm=8:-5"], "TIMEOUT_MS must be an integer >= 1, got '-5'"),
+    (["--queue", "detokenizer=64"], "--queue 'detokenizer=64': detokenizer has no queue policy (no dynamic batcher"),
     (["--dp", "0"], "argument --dp: 0 is below 1"),
     (["--detokenizers", "-2"], "argument --detokenizers: -2 is below 1"),
     (["--encoders", "two"], "argument --encoders: 'two' is not an integer"),
@@ -84,8 +85,10 @@ def test_llama_cpp_gets_a_cache_per_sequence_unless_set_otherwise(tmp_path):
     configure.main(["--out", str(tmp_path / "a"), "--engine", "llama_cpp"])
     configure.main(["--out", str(tmp_path / "b"), "--engine", "llama_cpp", "--set", "llm.kv_unified=true"])
     configure.main(["--out", str(tmp_path / "c"), "--engine", "hf"])
+    configure.main(["--out", str(tmp_path / "d"), "--set", "llm.engine=llama_cpp"])
     llm = {name: configure.load(tmp_path / name / "model_repository" / "llm" / "config.pbtxt").parameters
-           for name in "abc"}
+           for name in "abcd"}
+    assert llm["d"]["kv_unified"].string_value == "false"  # --set llm.engine=... is the same choice
     assert [llm["a"][key].string_value for key in ("kv_unified", "max_num_seqs", "kv_cache_tokens")] == \
         ["false", "64", "65536"]
     assert llm["b"]["kv_unified"].string_value == "true"

@@ -128,6 +128,12 @@ def test_response_options_and_the_deployment_default_for_exclude():
                                            num_input_tokens=True, num_output_tokens=True)
 
 
+def test_a_min_tokens_error_says_where_an_unsent_max_tokens_came_from():
+    with pytest.raises(InvalidInput, match=r"min_tokens: 90 is outside 0\.\.max_tokens \(61\); no max_tokens was sent"):
+        parse_batch(inputs(1, max_tokens=None, min_tokens=column(90, dtype=np.int32)), VOCAB, CONTEXT,
+                    default_max_tokens=61)
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"num_return_sequences": column(0, dtype=np.int32)}, f"num_return_sequences: 0 is outside 1..{MAX_RETURN_SEQUENCES}"),
     ({"num_return_sequences": column(MAX_RETURN_SEQUENCES + 1, dtype=np.int32)}, "num_return_sequences: 17 is outside"),

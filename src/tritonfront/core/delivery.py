@@ -6,7 +6,7 @@ runs for the whole request (core's ensemble scheduler only calls Cancel() on new
 So the llm is never told, and would go on to max_tokens holding its batch slot and KV cache.
 
 What does change is downstream: the chunks the llm sends after the cancellation become cancelled
-detokenizer requests, which the detokenizer's queue drops. So the detokenizer acknowledges every
+detokenizer requests, which the detokenizer answers without decoding or acknowledging. So the detokenizer acknowledges every
 chunk it decodes in a table per llm model (a row per rank, a slot per tracked stream, holding the
 highest chunk serial decoded), and the llm treats a stream as abandoned when a chunk of it stays
 unacknowledged while chunks it sent well after it, for other streams, were acknowledged, or, with
@@ -27,7 +27,7 @@ from .shared_tables import DEFAULT_DIRECTORY, open_existing_rows, open_rows, rem
 SLOTS = 4096  # tracked streams per rank; a stream finding none free is simply not tracked
 NO_SLOT = -1
 # Chunks sent this long after a still unacknowledged one and acknowledged already: the detokenizer
-# queue is FIFO, so the old one was dropped, not delayed.
+# queue is FIFO, so the old one was left unacknowledged (cancelled), not delayed.
 DELIVERY_GRACE_S = 1.0
 
 
@@ -125,7 +125,8 @@ class Acknowledger:
             if not 0 <= slot < SLOTS:
                 continue
             table = self._table(key, rank)
-            # Two detokenizer instances may decode chunks of one stream at once: keep the highest.
+            # Acknowledgements never go back: with several detokenizer instances (configure.py
+            # --detokenizers) one could write an older serial after a newer one.
             if table is not None and table[rank, slot] < serial:
                 table[rank, slot] = serial
 

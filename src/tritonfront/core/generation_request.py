@@ -175,6 +175,7 @@ def _parse_prompt(inputs: Inputs, row: int, rows: int, vocab_size: int, context_
     if prompt.min() < 0 or prompt.max() >= vocab_size:
         raise InvalidInput("input_ids", f"token ids must be in 0..{vocab_size - 1}")
     max_tokens = row_scalar(inputs, "max_tokens", row, rows)
+    unsent = max_tokens is None
     if max_tokens is None:
         # OpenAI's default: what the context leaves (a prompt that leaves nothing is refused by
         # validate below, naming input_ids), lowered by the llm's parameter.
@@ -194,7 +195,8 @@ def _parse_prompt(inputs: Inputs, row: int, rows: int, vocab_size: int, context_
     fields.update(bad_words=tuple(tuple(word) for word in bad_words), guided_decoding=_guided_decoding(inputs, row, rows))
     # By its current name (SamplingParams names a negative one by the older), and against
     # max_tokens once max_tokens is known to be good.
-    min_tokens_limit = InvalidInput("min_tokens", f"{min_tokens} is outside 0..max_tokens ({max_tokens})")
+    min_tokens_limit = InvalidInput("min_tokens", f"{min_tokens} is outside 0..max_tokens ({max_tokens})" + (
+        "; no max_tokens was sent, so that is what the context leaves or the llm's default_max_tokens" if unsent else ""))
     if min_tokens < 0:
         raise min_tokens_limit
     params = SamplingParams(**fields).validate(length, context_length, vocab_size)

@@ -135,8 +135,8 @@ class LLMConfig(Config):
                                               "served in time", minimum=1)
     abandoned_stream_timeout_ms: int = _parameter(
         6000, "a tracked stream none of whose chunks were acknowledged for this long is freed as abandoned "
-              "(sooner when later chunks of other streams were); keep it above the detokenizer's queue timeout, "
-              "so a chunk still waiting there is never taken for lost", minimum=1)
+              "(sooner when later chunks of other streams were); keep it above the longest a chunk may wait for "
+              "the detokenizer, so a slow chunk is never taken for lost", minimum=1)
     kv_cache_tokens: int = _parameter(32768, "KV cache size in tokens per rank; 0 sizes it from free memory "
                                              "(on a GPU), or with llama_cpp from the model's training context",
                                       minimum=0)

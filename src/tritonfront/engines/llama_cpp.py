@@ -2,7 +2,7 @@
 conversion, the quantized weights run as they are): the `llm` model's parameter engine: "llama_cpp".
 
 Continuous batching is done here, as llama.cpp's own server does it: one llama_decode per step
-over a llama_batch holding every running sequence (each its own seq_id in one unified KV cache),
+over a llama_batch holding every running sequence (each its own seq_id, in one KV cache unified or split per sequence: kv_unified),
 its next token for a sequence that is generating and a chunk of its prompt for one that is not
 yet, decode tokens first and prompt chunks in the budget left (max_batch_tokens). A request is
 admitted between steps when a seq_id is free and its prompt plus max_tokens fit in the cells not
