@@ -41,14 +41,18 @@ def embed_model_dir() -> Path:
     return _resolve(os.environ.get(EMBED_MODEL_ENV) or str(default_embed_model()), EMBED_MODEL_ENV)
 
 
+def _llm_source() -> Path:
+    return _resolve(os.environ.get(LLM_MODEL_ENV) or str(default_llm_model()), LLM_MODEL_ENV)
+
+
 def llm_model_dir() -> Path:
-    source = _resolve(os.environ.get(LLM_MODEL_ENV) or str(default_llm_model()), LLM_MODEL_ENV)
+    source = _llm_source()
     return gguf_to_hf_folder(source) if source.suffix == ".gguf" else source
 
 
 def llm_gguf_file() -> Path:
     """The LLM's GGUF file itself, for an engine that runs it as it ships (llama_cpp)."""
-    source = _resolve(os.environ.get(LLM_MODEL_ENV) or str(default_llm_model()), LLM_MODEL_ENV)
+    source = _llm_source()
     if source.suffix != ".gguf":
         raise ModelSourceError(f"{LLM_MODEL_ENV}={source} is not a .gguf file, which the llama_cpp engine loads")
     return source
