@@ -28,6 +28,17 @@ def _client_message(error: Exception) -> str:
     return _LOCATION.sub("", text.splitlines()[0] if text else type(error).__name__)
 
 
+def check_guide(guides: Optional["GuideCompiler"], guided: Optional[GuidedDecoding]) -> None:
+    """What every engine refuses of a guided request: a guide without a tokenizer folder to compile
+    it with (`guides` None), or one that does not compile."""
+    if guided is None:
+        return
+    if guides is None:
+        raise InvalidInput("guided_decoding_guide_type", "this engine was started without a tokenizer "
+                                                         "folder, which guided decoding needs")
+    guides.compile(guided)
+
+
 class GuideCompiler:
     """Compiles guides for one tokenizer, loaded on first use: an engine that never sees a guided
     request never pays for it (about 220 MiB; the first guided request waits for it, about 5 s on a

@@ -16,10 +16,9 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.model_runner import infer_max_single_request_tokens
 
 from .. import threads
-from ..errors import InvalidInput
 from . import varlen_attention
 from .base import ATTENTIONS, DTYPES, ENGINE_THREAD_NAME, Engine, EngineConfig, EngineOutput, SamplingParams
-from .guided import GuideCompiler
+from .guided import GuideCompiler, check_guide
 from .sampling import PerRequestSampling, RequestFeatures, sampling_kwargs
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -106,11 +105,7 @@ class HFEngine(Engine):
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 
     def check_params(self, params: SamplingParams) -> None:
-        if params.guided_decoding is not None:
-            if self._guides is None:
-                raise InvalidInput("guided_decoding_guide_type", "this engine was started without a tokenizer "
-                                                                 "folder, which guided decoding needs")
-            self._guides.compile(params.guided_decoding)
+        check_guide(self._guides, params.guided_decoding)
 
     def add(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         eos = set(self.eos_token_ids) | ({params.end_id} if params.end_id is not None else set())

@@ -38,7 +38,7 @@ import numpy as np
 from .. import threads
 from ..errors import InvalidInput
 from .base import ENGINE_THREAD_NAME, Engine, EngineConfig, EngineOutput, SamplingParams
-from .guided import GuideCompiler, allocate_bitmask, apply_bitmask
+from .guided import GuideCompiler, allocate_bitmask, apply_bitmask, check_guide
 
 # The bindings print llama.cpp's log (its model dump at WARN level) unless this logger says otherwise.
 logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
@@ -253,11 +253,7 @@ class LlamaCppEngine(Engine):
     # --- the Engine interface (any thread) ---
 
     def check_params(self, params: SamplingParams) -> None:
-        if params.guided_decoding is not None:
-            if self._guides is None:
-                raise InvalidInput("guided_decoding_guide_type", "this engine was started without a tokenizer "
-                                                                 "folder, which guided decoding needs")
-            self._guides.compile(params.guided_decoding)
+        check_guide(self._guides, params.guided_decoding)
 
     def add(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         prompt = [int(i) for i in prompt_ids]

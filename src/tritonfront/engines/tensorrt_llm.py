@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 from ..errors import InvalidInput
 from .base import Engine, EngineConfig, EngineOutput, SamplingParams
-from .guided import GuideCompiler
+from .guided import GuideCompiler, check_guide
 from .tensorrt_llm_releases import MAX_LOGPROBS_PER_TOKEN, ReleaseLine, release_line
 
 
@@ -149,11 +149,7 @@ class TensorRTLLMEngine(Engine):
                 raise InvalidInput("min_tokens", f"the tensorrt_llm engine cannot honour it with end tokens {others} "
                                                  f"besides end_id: TensorRT-LLM {self._release.checked_against} "
                                                  f"holds back only end_id before min_tokens")
-        if params.guided_decoding is not None:
-            if self._guides is None:
-                raise InvalidInput("guided_decoding_guide_type", "this engine was started without a tokenizer "
-                                                                 "folder, which guided decoding needs")
-            self._guides.compile(params.guided_decoding)
+        check_guide(self._guides, params.guided_decoding)
 
     def _end_id(self, params: SamplingParams) -> Optional[int]:
         """TensorRT-LLM's end_id of a request: the request's, else the model's first EOS id (the other
