@@ -7,15 +7,15 @@ guided output always parses against its guide. The samplers alone: tests/unit/te
 import json
 import math
 import re
-import time
 
 import pydantic
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList
 
+from harness.engine_runs import generated, run
 from tritonfront.core import model_sources
-from tritonfront.engines import EngineConfig, EngineOutput, SamplingParams, create_engine
+from tritonfront.engines import EngineConfig, SamplingParams, create_engine
 from tritonfront.engines.base import GuidedDecoding
 from tritonfront.errors import InvalidInput
 
@@ -46,28 +46,6 @@ def chat(tokenizer, text: str) -> list[int]:
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                          return_dict=True)["input_ids"]
 
-
-def run(engine, requests: dict, timeout: float = 180) -> dict:
-    """request id -> (prompt ids, params); returns request id -> its outputs joined into one."""
-    results = {rid: EngineOutput(rid) for rid in requests}
-    for rid, (ids, params) in requests.items():
-        engine.add(rid, ids, params)
-    done, deadline = set(), time.monotonic() + timeout
-    while len(done) < len(requests):
-        assert time.monotonic() < deadline, f"unfinished: {set(requests) - done}"
-        for output in engine.outputs(0.05):
-            assert output.error is None, output.error
-            joined = results[output.request_id]
-            joined.token_ids += output.token_ids
-            joined.log_probs += output.log_probs
-            joined.top_log_probs += output.top_log_probs
-            done |= {output.request_id} if output.finished else set()
-    return results
-
-
-def generated(engine, requests: dict) -> dict:
-    """request id -> (prompt ids, params); returns request id -> generated ids."""
-    return {rid: output.token_ids for rid, output in run(engine, requests).items()}
 
 
 def test_context_is_bounded_by_the_kv_cache(engine):

@@ -15,9 +15,10 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
 
+from harness.engine_runs import generated, run  # noqa: E402
 from harness.references import llama_cpp_greedy_reference, llama_cpp_reference  # noqa: E402
 from tritonfront.core import model_sources  # noqa: E402
-from tritonfront.engines import EngineConfig, EngineOutput, SamplingParams, create_engine  # noqa: E402
+from tritonfront.engines import EngineConfig, SamplingParams, create_engine  # noqa: E402
 from tritonfront.engines.base import GuidedDecoding  # noqa: E402
 from tritonfront.errors import InvalidInput  # noqa: E402
 
@@ -53,27 +54,6 @@ def tokens(reference, text: str) -> list[int]:
 def reference_greedy(prompt: list[int], max_tokens: int) -> list[int]:
     return llama_cpp_greedy_reference([prompt], max_tokens)[0]
 
-
-def run(engine, requests: dict, timeout: float = 180) -> dict:
-    """request id -> (prompt ids, params); returns request id -> its outputs joined into one."""
-    results = {rid: EngineOutput(rid) for rid in requests}
-    for rid, (ids, params) in requests.items():
-        engine.add(rid, ids, params)
-    done, deadline = set(), time.monotonic() + timeout
-    while len(done) < len(requests):
-        assert time.monotonic() < deadline, f"unfinished: {set(requests) - done}"
-        for output in engine.outputs(0.05):
-            assert output.error is None, output.error
-            joined = results[output.request_id]
-            joined.token_ids += output.token_ids
-            joined.log_probs += output.log_probs
-            joined.top_log_probs += output.top_log_probs
-            done |= {output.request_id} if output.finished else set()
-    return results
-
-
-def generated(engine, requests: dict) -> dict:
-    return {rid: output.token_ids for rid, output in run(engine, requests).items()}
 
 
 def wait_until_empty(engine, timeout: float = 30) -> None:
