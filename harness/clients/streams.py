@@ -82,6 +82,27 @@ class Streams:
         self.client.close()
 
 
+def run_requests(url: str, requests: dict, connections: int = 1) -> dict:
+    """request id -> inputs, spread over `connections` gRPC streams, all in flight at once;
+    returns request id -> (chunk texts, finish_reason, prompt_tokens, completion_tokens)."""
+    streams = [Streams(url) for _ in range(connections)]
+    try:
+        placed = {}
+        for i, (request_id, inputs) in enumerate(requests.items()):
+            placed[request_id] = streams[i % connections]
+            placed[request_id].send(request_id, inputs)
+        for request_id, stream in placed.items():
+            stream.wait([request_id])
+        return {request_id: (stream.texts(request_id), stream.last(request_id, "finish_reason").decode(),
+                             int(stream.last(request_id, "prompt_tokens")),
+                             int(stream.last(request_id, "completion_tokens")))
+                for request_id, stream in placed.items()}
+    finally:
+        for stream in streams:
+            assert not stream.errors, stream.errors
+            stream.close()
+
+
 def single_error(url: str, inputs: list, timeout: float = 60) -> str:
     """The error message of a `generate` request expected to fail, on a stream of its own."""
     streams = Streams(url)

@@ -11,7 +11,7 @@ import pytest
 
 from harness.clients.http import post, sse_events
 from harness.clients.kserve import generate_inputs, tensor, tensors
-from harness.clients.streams import Streams, single_error
+from harness.clients.streams import Streams, run_requests as run, single_error
 from harness.corpora import PROMPTS
 from harness.deploy import write_deployment
 from harness.model_tokenizers import llm_tokenizer as tokenizer
@@ -57,27 +57,6 @@ def dp_server(tmp_path_factory):
 def case_inputs(case, stream: bool, max_tokens: Optional[int] = MAX_TOKENS, **optional):
     text, chat = case
     return generate_inputs(text, max_tokens, stream=stream, apply_chat_template=chat, **optional)
-
-
-def run(url: str, requests: dict, connections: int = 1) -> dict:
-    """request id -> inputs, spread over `connections` gRPC streams, all in flight at once;
-    returns request id -> (chunk texts, finish_reason, prompt_tokens, completion_tokens)."""
-    streams = [Streams(url) for _ in range(connections)]
-    try:
-        placed = {}
-        for i, (request_id, inputs) in enumerate(requests.items()):
-            placed[request_id] = streams[i % connections]
-            placed[request_id].send(request_id, inputs)
-        for request_id, stream in placed.items():
-            stream.wait([request_id])
-        return {request_id: (stream.texts(request_id), stream.last(request_id, "finish_reason").decode(),
-                             int(stream.last(request_id, "prompt_tokens")),
-                             int(stream.last(request_id, "completion_tokens")))
-                for request_id, stream in placed.items()}
-    finally:
-        for stream in streams:
-            assert not stream.errors, stream.errors
-            stream.close()
 
 
 def test_greedy_text_equals_transformers_generate(server, references):

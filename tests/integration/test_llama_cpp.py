@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
 
 from harness.clients.kserve import generate_inputs, tensor  # noqa: E402
-from harness.clients.streams import Streams, single_error  # noqa: E402
+from harness.clients.streams import Streams, run_requests as run, single_error  # noqa: E402
 from harness.deploy import write_deployment  # noqa: E402
 from harness.model_tokenizers import llm_tokenizer  # noqa: E402
 from harness.references import llama_cpp_greedy_reference, prompt_ids  # noqa: E402
@@ -43,26 +43,6 @@ def server(tmp_path_factory):
         yield running
 
 
-def run(url: str, requests: dict, connections: int = 1) -> dict:
-    """request id -> inputs, all in flight at once; returns request id -> (chunk texts, finish_reason,
-    completion_tokens)."""
-    streams = [Streams(url) for _ in range(connections)]
-    try:
-        placed = {}
-        for i, (request_id, inputs) in enumerate(requests.items()):
-            placed[request_id] = streams[i % connections]
-            placed[request_id].send(request_id, inputs)
-        for request_id, stream in placed.items():
-            stream.wait([request_id])
-        return {request_id: (stream.texts(request_id), stream.last(request_id, "finish_reason").decode(),
-                             int(stream.last(request_id, "completion_tokens")))
-                for request_id, stream in placed.items()}
-    finally:
-        for stream in streams:
-            assert not stream.errors, stream.errors
-            stream.close()
-
-
 def test_greedy_text_equals_llama_cpp_pythons_generation(server):
     prompts = [prompt_ids(text, chat) for text, chat in CASES]
     expected = []
@@ -73,7 +53,7 @@ def test_greedy_text_equals_llama_cpp_pythons_generation(server):
                          len(kept)))
     got = run(server.grpc_url, {str(i): generate_inputs(text, MAX_TOKENS, stream=False, apply_chat_template=chat)
                                 for i, (text, chat) in enumerate(CASES)})
-    assert [(texts[0], reason, tokens) for texts, reason, tokens in (got[str(i)] for i in range(len(CASES)))] \
+    assert [(texts[0], reason, tokens) for texts, reason, _, tokens in (got[str(i)] for i in range(len(CASES)))] \
         == expected
 
 

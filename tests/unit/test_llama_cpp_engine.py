@@ -130,6 +130,33 @@ def split_engine(gguf):
     engine.shutdown()
 
 
+def test_each_step_is_in_seq_id_order_and_new_sequences_take_the_lowest_free_ids(split_engine, reference,
+                                                                                    monkeypatch):
+    """With a cache per sequence, llama.cpp runs a batch as one forward pass per run of consecutive
+    seq_ids in batch order (llama_batch_allocr::split_equal): the batch must list the sequences in
+    seq_id order, and the ids must stay compact as sequences end and others start."""
+    from tritonfront.engines import llama_cpp as engine_module
+
+    steps = []
+    decode = engine_module.llama.llama_decode
+
+    def recording(ctx, batch):
+        n = batch.n_tokens
+        steps.append([batch.seq_id[i][0] for i in range(n)])
+        return decode(ctx, batch)
+
+    monkeypatch.setattr(engine_module.llama, "llama_decode", recording)
+    prompts = [tokens(reference, p) for p in PROMPTS]
+    # Ten requests on 8 seq_ids, the first six ending after 2..7 tokens: the last two start on the
+    # ids the first ones gave back, while the others run on.
+    requests = {f"a{i}": (ids, SamplingParams(max_tokens=2 + i)) for i, ids in enumerate(prompts)}
+    requests.update({f"b{i}": (prompts[i % len(prompts)], SamplingParams(max_tokens=6)) for i in range(4)})
+    generated(split_engine, requests)
+    assert steps and all(ids == sorted(ids) for ids in steps), steps
+    used = sorted({i for ids in steps for i in ids})
+    assert used == list(range(len(used))) and len(used) <= 8, used
+
+
 SEEDED = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.95, random_seed=2**40 + 7)
 
 

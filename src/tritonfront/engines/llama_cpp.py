@@ -23,6 +23,7 @@ work for it and `outputs` reads what it produced. ctypes releases the GIL during
 Triton's threads and the serving loop run meanwhile.
 """
 import ctypes
+import heapq
 import logging
 import math
 import os
@@ -211,7 +212,8 @@ class LlamaCppEngine(Engine):
         # The engine thread's own state.
         self._waiting: deque = deque()
         self._running: dict[str, _Sequence] = {}
-        self._free_seq_ids = list(range(config.max_num_seqs - 1, -1, -1))
+        # A heap: the lowest free seq_id goes first, so running sequences keep to a compact range (_step says why).
+        self._free_seq_ids = list(range(config.max_num_seqs))
         self._reserved = 0
         # The context is used by the engine thread, and by memory_cells() from others, under this lock.
         self._context_lock = threading.RLock()
@@ -373,7 +375,7 @@ class LlamaCppEngine(Engine):
             if self._reserved + sequence.reserved > self.kv_cells:
                 return
             self._waiting.popleft()
-            sequence.seq_id = self._free_seq_ids.pop()
+            sequence.seq_id = heapq.heappop(self._free_seq_ids)
             self._reserved += sequence.reserved
             if not sequence.plain:
                 sequence.sampler = _Sampler(sequence.params, self.vocab_size, sequence.reserved)
@@ -387,7 +389,7 @@ class LlamaCppEngine(Engine):
         with self._context_lock:
             llama.llama_memory_seq_rm(self._memory, sequence.seq_id, -1, -1)
         self.cells_held -= sequence.fed
-        self._free_seq_ids.append(sequence.seq_id)
+        heapq.heappush(self._free_seq_ids, sequence.seq_id)
         self._reserved -= sequence.reserved
         if sequence.sampler is not None:
             sequence.sampler.free()
@@ -395,20 +397,28 @@ class LlamaCppEngine(Engine):
 
     def _step(self) -> None:
         """One llama_decode over every running sequence, then one token for each that has its
-        prompt in the cache."""
+        prompt in the cache.
+
+        The batch holds the sequences in seq_id order, each one's tokens together. With a cache
+        per sequence (kv_unified false), llama.cpp splits a batch into micro-batches of sequences
+        whose seq_ids run consecutively in batch order, one forward pass (all weights read) each:
+        in admission order, with ids reused as they free up, a step of 16 decode tokens could be
+        16 passes. Sorted, and with the lowest free id taken first, it is one pass, plus one per
+        gap in the ids and per prompt's remaining chunk."""
         n = 0
         sampled: list[_Sequence] = []  # in the order of their logits rows
         chunks: list[tuple[_Sequence, int]] = []
-        for sequence in self._running.values():
+        ordered = sorted(self._running.values(), key=lambda s: s.seq_id)
+        # Every decode token goes in (n_batch >= max_num_seqs); prompt chunks share what is left.
+        prompt_budget = self._n_batch - sum(1 for s in ordered if not s.prefilling)
+        for sequence in ordered:
             if not sequence.prefilling:
                 self._fill(n, sequence.last_token, sequence.fed, sequence.seq_id, True)
                 n += 1
                 sampled.append(sequence)
-        for sequence in self._running.values():
-            if n == self._n_batch:
-                break
-            if sequence.prefilling:
-                take = min(len(sequence.prompt) - sequence.fed, self._n_batch - n)
+            elif prompt_budget:
+                take = min(len(sequence.prompt) - sequence.fed, prompt_budget)
+                prompt_budget -= take
                 completes = sequence.fed + take == len(sequence.prompt)
                 for i in range(take):
                     position = sequence.fed + i
