@@ -24,16 +24,22 @@ def machine_busy_seconds() -> float:
     return t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0)
 
 
+def process_cpu_seconds(process: psutil.Process) -> float:
+    """CPU seconds of a process and of its children that ended and that it reaped (the kernel adds
+    those to the parent): a server's stub that was killed and reaped still counts, in its server."""
+    times = process.cpu_times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
 def own_cpu_seconds() -> float:
     """CPU seconds of this process and every process it started: live ones (a server and its
-    stubs) through psutil, finished ones (perf_analyzer, a stopped server) through the children's
-    times the kernel adds up when they are reaped."""
+    stubs) through psutil, finished ones (perf_analyzer, a stopped server, a stub killed and reaped
+    by its server) through the children's times the kernel adds up when they are reaped."""
     t = os.times()
     total = t.user + t.system + t.children_user + t.children_system
     for process in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            times = process.cpu_times()
-            total += times.user + times.system
+            total += process_cpu_seconds(process)
     return total
 
 
@@ -74,11 +80,11 @@ def tree_rss(pid: int) -> int:
 
 
 def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process tree, its reaped descendants included (process_cpu_seconds)."""
     total = 0.0
     for process in process_tree(pid):
         with contextlib.suppress(psutil.NoSuchProcess):
-            times = process.cpu_times()
-            total += times.user + times.system
+            total += process_cpu_seconds(process)
     return total
 
 

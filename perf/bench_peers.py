@@ -5,7 +5,8 @@ generate: the `generate` ensemble (gRPC streams) vs `transformers serve --contin
 (OpenAI /v1/completions over SSE: the same transformers continuous batching engine, the same
 SmolLM2-135M folder, float32, CPU, the same KV cache size), and the engine alone in-process
 (tritonfront's HFEngine with the llm's committed config: the ceiling). Streaming, greedy
-(temperature 0), essay-style prompts, closed loops of N streams, max_tokens 64 and 256. Output
+(temperature 0), essay-style prompts (new ones for every measurement), closed loops of N streams,
+max_tokens 64 and 256. Output
 tokens/s counts the tokens that arrived inside the measurement window; TTFT from the send; ITL is
 the gap between a stream's consecutive tokens. Streams still running at the end of the window are
 cancelled and every server is idle again before the next measurement.
@@ -27,6 +28,7 @@ tritonfront, the llm stub's engine threads (named tf-engine) apart from everythi
 front end). Peers are installed into their own venvs under .cache/peers/ on first use.
 """
 import asyncio
+import itertools
 import json
 import time
 from contextlib import ExitStack
@@ -57,10 +59,16 @@ TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING = "tritonfront (llama_cpp)", "llama-server
 PEER_VARIANTS = (TS, LLAMA_SERVER)
 
 
-def essay_prompts(count: int, seed: int = 0) -> list[str]:
-    rng = np.random.default_rng(seed)
+# Prompts per measurement, more than any variant sends in one window.
+PROMPTS_PER_MEASUREMENT = 1000
+
+
+def essay_prompts(count: int, seed: int = 0, start: int = 0) -> list[str]:
+    """Prompts start .. start + count - 1, each different (its number is in it); styles and topics
+    repeat, so prompts share their first words as users' prompts share a system prompt."""
+    topics = np.random.default_rng(seed).integers(len(TOPICS), size=start + count)
     styles = ("Write a detailed essay about", "Write a long essay on", "Explain in an essay", "Describe at length")
-    return [f"{styles[i % len(styles)]} {TOPICS[int(rng.integers(len(TOPICS)))]}, part {i}." for i in range(count)]
+    return [f"{styles[i % len(styles)]} {TOPICS[int(topics[i])]}, part {i}." for i in range(start, start + count)]
 
 
 @dataclass
@@ -305,19 +313,23 @@ def llama_phase(args, rep) -> dict:
 
 def measure_generate(args, server, peer, engine, variants: tuple[str, str, str]) -> dict:
     """Every (max_tokens, streams) setting for tritonfront, its peer and its engine in-process."""
-    from harness.model_tokenizers import llm_tokenizer
-
-    prompts = essay_prompts(512)
-    prompt_ids = [llm_tokenizer()(p).input_ids for p in prompts]
     tf_meter = CpuMeter(server.pid, lambda: llm_stub_pid(server))
     peer_meter = CpuMeter(peer.pid)
-    warm_up(server, peer, prompts)
+    warm_up(server, peer, essay_prompts(8))
+    # Every measurement sends prompts no server has seen: llama-server keeps each slot's last
+    # prompt in its cache (cache_prompt) and a repeated prompt costs it one token of prefill, an
+    # advantage that prompts repeated from round to round would hand it and no user's traffic does.
+    measurements = itertools.count(1)
+
+    def fresh_prompts() -> list[str]:
+        return essay_prompts(PROMPTS_PER_MEASUREMENT, start=PROMPTS_PER_MEASUREMENT * next(measurements))
+
     results = {}
     for max_tokens in args.max_tokens:
         for streams in args.streams:
             label = f"{variants[0]} max_tokens {max_tokens} streams {streams}"
             results[(max_tokens, streams)] = rounds_of(
-                lambda v: run_variant(v, server, peer, engine, prompts, prompt_ids, streams, max_tokens,
+                lambda v: run_variant(v, server, peer, engine, fresh_prompts(), streams, max_tokens,
                                       args.generate_duration, tf_meter, peer_meter),
                 list(variants), args.rounds, label)
     return results
@@ -348,13 +360,16 @@ def warm_up(server, peer, prompts, passes: int = 3, streams: int = 8, max_tokens
     asyncio.run(both())
 
 
-def run_variant(variant, server, peer, engine, prompts, prompt_ids, streams, max_tokens, duration, tf_meter,
+def run_variant(variant, server, peer, engine, prompts, streams, max_tokens, duration, tf_meter,
                 peer_meter) -> Measure:
     if variant in (TF, TF_LLAMA):
         measured = asyncio.run(run_tritonfront(server, prompts, streams, max_tokens, duration, tf_meter))
     elif variant in PEER_VARIANTS:
         measured = asyncio.run(run_openai_peer(peer, prompts, streams, max_tokens, duration, peer_meter))
     else:
+        from harness.model_tokenizers import llm_tokenizer
+
+        prompt_ids = [llm_tokenizer()(p).input_ids for p in prompts]
         measured = run_ceiling(engine, prompt_ids, streams, max_tokens, duration)
     wait_quiet([server.pid, peer.pid])
     return measured
@@ -498,10 +513,12 @@ def main() -> None:
         llama_context=(32768, "llama-server -c and the llama_cpp engine's kv_cache_tokens (split per slot)"),
         llama_threads=(2, "llama-server -t and the llama_cpp engine's num_threads"),
         only=(None, "generate, llama or embed: run one phase", {"choices": ["generate", "llama", "embed"]}))
+    if args.only:  # one phase's results go beside the whole run's, not over them
+        rep.name = f"bench_peers_{args.only}"
     generate = generate_phase(args, rep) if args.only in (None, "generate") else {}
     llama = llama_phase(args, rep) if args.only in (None, "llama") else {}
     embed = embed_phase(args, rep) if args.only in (None, "embed") else {}
-    report.write_raw("bench_peers", {phase: {str(k): [{v: m.__dict__ for v, m in r.items()} for r in rounds]
+    report.write_raw(rep.name, {phase: {str(k): [{v: m.__dict__ for v, m in r.items()} for r in rounds]
                                              for k, rounds in results.items()}
                                      for phase, results in (("generate", generate), ("llama", llama),
                                                             ("embed", embed))})

@@ -9,8 +9,8 @@ import time
 import psutil
 import pytest
 
-from harness.accounting import (CLOCK_TICKS, OtherWork, Sampler, parse_task_stat, split_thread_cpu,
-                                thread_cpu_seconds, tree_cpu_seconds, tree_rss)
+from harness.accounting import (CLOCK_TICKS, OtherWork, Sampler, own_cpu_seconds, parse_task_stat,
+                                split_thread_cpu, thread_cpu_seconds, tree_cpu_seconds, tree_rss)
 
 
 def test_task_stat_with_spaces_and_parentheses_in_the_name():
@@ -64,6 +64,35 @@ def test_process_tree_cpu_and_memory_include_children():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_killed_grandchild_still_counts_in_the_tree_once_its_parent_reaped_it():
+    """As a stub that a chaos run kills counts in its tritonserver: its CPU must not turn into
+    "other work" when it is gone."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time\\nend = time.process_time() + 0.5\\n"
+        "while time.process_time() < end: pass\\ntime.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "sys.stdin.readline()\n"
+        "child.wait()\n"
+        "print('reaped', flush=True)\n"
+        "time.sleep(60)\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(parent.stdout.readline()))
+        deadline = time.monotonic() + 60
+        while sum(child.cpu_times()[:2]) < 0.45 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        before = tree_cpu_seconds(parent.pid)
+        child.kill()
+        parent.stdin.write("\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "reaped"
+        assert tree_cpu_seconds(parent.pid) >= before - 0.05
+        assert own_cpu_seconds() >= before
+    finally:
+        parent.kill()
+        parent.wait()
 
 
 def test_other_work_is_zero_when_only_this_process_works():
