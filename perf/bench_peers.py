@@ -6,10 +6,10 @@ generate: the `generate` ensemble (gRPC streams) vs `transformers serve --contin
 SmolLM2-135M folder, float32, CPU, the same KV cache size), and the engine alone in-process
 (tritonfront's HFEngine with the llm's committed config: the ceiling). Streaming, greedy
 (temperature 0), essay-style prompts (new ones for every measurement), closed loops of N streams,
-max_tokens 64 and 256. Output
-tokens/s counts the tokens that arrived inside the measurement window; TTFT from the send; ITL is
-the gap between a stream's consecutive tokens. Streams still running at the end of the window are
-cancelled and every server is idle again before the next measurement.
+max_tokens 64 and 256. Output tokens/s counts the tokens that arrived inside the measurement
+window; TTFT from the send; ITL is the gap between a stream's consecutive tokens. Streams still
+running at the end of the window are cancelled and every server is idle again before the next
+measurement.
 
 llama: the `generate` ensemble with the llama_cpp engine (scripts/configure.py --engine llama_cpp) vs
 llama.cpp's own `llama-server` (built from the llama.cpp that the pinned llama-cpp-python sdist
