@@ -79,9 +79,12 @@ RECORD = 'record "${arguments[@]}"'
 
 def until_term(then: str = "exit 0") -> str:
     """Records, sleeps until SIGTERM, then does `then`. The sleep holds none of the test's pipes: a
-    signal may come before it could be killed."""
+    signal may come before it could be killed. It outlasts every wait of the tests (up to 30 + 30
+    s for the stand-ins' records, 60 s for serve.sh's exit): a stand-in that ended by itself would
+    exit 0 before the signal came. With a 60 s sleep, a clean-clone run under load once saw serve.sh
+    exit 0 instead of the server's 7 with nothing on stderr, which that explains (not reproduced)."""
     return (f"trap {shlex.quote(f'kill $! 2>/dev/null; {then}')} TERM; {RECORD}; "
-            "sleep 60 </dev/null >/dev/null 2>&1 & wait")
+            "sleep 600 </dev/null >/dev/null 2>&1 & wait")
 
 
 def after_file(variable: str, then: str) -> str:
