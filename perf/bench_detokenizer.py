@@ -102,7 +102,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(llm_model_dir())
     repository = RAW / "detokenizer_variants"
     shutil.rmtree(repository, ignore_errors=True)
-    models = [write_variant("detokenizer", f"detokenizer_{count}", repository, [(r"count: 2", f"count: {count}")]).name
+    models = [write_variant("detokenizer", f"detokenizer_{count}", repository, [(r"count: \d+", f"count: {count}")]).name
               for count in args.counts]
     data = write_input(input_data(tokenizer, chunks=2048), RAW / "detokenizer_chunks.json")
     results: dict = {}
