@@ -47,3 +47,14 @@ def one_token_streams(tokenizer, count: int, tokens: int, seed: int) -> list[lis
             ids = ids + ids
         streams.append(chunk_stream(ids[:tokens], [1] * tokens))
     return streams
+
+
+def streamed_in_intervals(sent_counts: list[int], completion_tokens: int, interval: int) -> bool:
+    """Whether a stream's responses, by the completion_tokens each carried (tokens sent so far),
+    follow the llm's stream_interval: the first token alone, then at least `interval` tokens per
+    response (more when one waited for the previous one's acknowledgement), the rest in the final
+    one; all `completion_tokens` in all."""
+    new = [b - a for a, b in zip([0, *sent_counts], sent_counts)]
+    if not new or sum(new) != completion_tokens or min(new) < 0:
+        return False
+    return completion_tokens == 0 or new[0] == 1 and all(n >= interval for n in new[1:-1])

@@ -74,6 +74,10 @@ class Streams:
     def texts(self, request_id: str) -> list[str]:
         return [r.as_numpy("text_output").reshape(-1)[0].decode() for r in self.responses[request_id]]
 
+    def sent_counts(self, request_id: str) -> list[int]:
+        """completion_tokens of each response: the tokens sent up to and with it."""
+        return [int(r.as_numpy("completion_tokens").reshape(-1)[0]) for r in self.responses[request_id]]
+
     def last(self, request_id: str, name: str):
         return self.responses[request_id][-1].as_numpy(name).reshape(-1)[0]
 
@@ -82,9 +86,10 @@ class Streams:
         self.client.close()
 
 
-def run_requests(url: str, requests: dict, connections: int = 1) -> dict:
+def run_requests(url: str, requests: dict, connections: int = 1, counts: bool = False) -> dict:
     """request id -> inputs, spread over `connections` gRPC streams, all in flight at once;
-    returns request id -> (chunk texts, finish_reason, prompt_tokens, completion_tokens)."""
+    returns request id -> (chunk texts, finish_reason, prompt_tokens, completion_tokens), and with
+    `counts` the completion_tokens of every response after them (tokens sent so far)."""
     streams = [Streams(url) for _ in range(connections)]
     try:
         placed = {}
@@ -96,6 +101,7 @@ def run_requests(url: str, requests: dict, connections: int = 1) -> dict:
         return {request_id: (stream.texts(request_id), stream.last(request_id, "finish_reason").decode(),
                              int(stream.last(request_id, "prompt_tokens")),
                              int(stream.last(request_id, "completion_tokens")))
+                + ((stream.sent_counts(request_id),) if counts else ())
                 for request_id, stream in placed.items()}
     finally:
         for stream in streams:

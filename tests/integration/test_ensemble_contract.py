@@ -8,7 +8,6 @@ words, min_tokens and guided JSON do what they say; every input no engine honour
 value, is INVALID_ARG naming it."""
 import json
 import math
-import queue
 import threading
 import time
 
@@ -17,10 +16,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
+from harness.chunks import streamed_in_intervals
 from harness.clients.http import post
 from harness.model_tokenizers import llm_tokenizer as tokenizer
 from harness.references import greedy_reference, prompt_ids
 from tritonfront.core import model_sources
+from tritonfront.core.model_config import LLMConfig
 from tritonfront.core.trtllm_contract import EXTRA_INPUTS, EXTRA_OUTPUTS, INPUTS, OUTPUTS, UNSUPPORTED
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "def fibonacci(n):"]
@@ -154,7 +155,9 @@ def test_whole_answers_include_the_prompt_streamed_chunks_never(server, greedy):
     excluded = generate(server, prompts=[prompt], exclude_input_in_output=True)
     assert whole.texts() == {(0, 0): tokenizer().decode(prompt_ids(prompt, False) + ids, skip_special_tokens=True)}
     assert whole.texts()[(0, 0)] == prompt + text  # what the client's --check-outputs compares
-    assert len(streamed.responses) >= len(ids) and streamed.texts() == excluded.texts() == {(0, 0): text}
+    sent_counts = [int(r.as_numpy("completion_tokens")[0, 0]) for r in streamed.responses]
+    assert streamed_in_intervals(sent_counts, len(ids), LLMConfig().stream_interval), sent_counts
+    assert streamed.texts() == excluded.texts() == {(0, 0): text}
     # TensorRT-LLM's client reads text_output as output[0]: one string, no second dimension.
     assert whole.responses[0].as_numpy("text_output").shape == (1,)
     status, body = post(f"http://{server.http_url}/v2/models/ensemble/generate",

@@ -11,6 +11,7 @@ import pytest
 
 from harness.clients.http import post, sse_events
 from harness.clients.kserve import generate_inputs, tensor, tensors
+from harness.chunks import streamed_in_intervals
 from harness.clients.streams import Streams, run_requests as run, single_error
 from harness.corpora import PROMPTS
 from harness.deploy import write_deployment
@@ -18,8 +19,10 @@ from harness.model_tokenizers import llm_tokenizer as tokenizer
 from harness.references import greedy_reference, prompt_ids
 from harness.server import triton_server
 from harness.triton_metrics import rank_values as metric_values
+from tritonfront.core.model_config import LLMConfig
 
 MAX_TOKENS = 16
+STREAM_INTERVAL = LLMConfig().stream_interval  # the committed llm's too (tests/unit/test_model_config.py)
 EOS = 2
 # Raw text like TensorRT-LLM clients send, and chat-templated (the model's chat template).
 CASES = [(prompt, False) for prompt in PROMPTS[:8]] + [(prompt, True) for prompt in PROMPTS[8:]]
@@ -71,12 +74,12 @@ def test_greedy_text_equals_transformers_generate(server, references):
 
 
 def test_streamed_chunks_join_to_the_whole_text(server, references):
-    results = run(server.grpc_url, {str(i): case_inputs(case, stream=True) for i, case in enumerate(CASES)})
+    results = run(server.grpc_url, {str(i): case_inputs(case, stream=True) for i, case in enumerate(CASES)},
+                  counts=True)
     for i, (ids, (text, finish_reason, completion_tokens)) in enumerate(references):
-        chunks, got_reason, _, got_tokens = results[str(i)]
+        chunks, got_reason, _, got_tokens, sent_counts = results[str(i)]
         assert "".join(chunks) == text and (got_reason, got_tokens) == (finish_reason, completion_tokens), CASES[i]
-        # stream_interval 1: a response per token, plus an empty final one when EOS ended it.
-        assert len(chunks) == completion_tokens + (finish_reason == "stop"), CASES[i]
+        assert streamed_in_intervals(sent_counts, completion_tokens, STREAM_INTERVAL), (CASES[i], sent_counts)
 
 
 def test_http_generate_and_generate_stream(server, references):
@@ -89,7 +92,9 @@ def test_http_generate_and_generate_stream(server, references):
             text, finish_reason, completion_tokens)
         status, stream = post(f"http://{server.http_url}/v2/models/generate/generate_stream", {**body, "stream": True})
         events = sse_events(stream)
-        assert status == 200 and len(events) >= completion_tokens, stream
+        assert status == 200, stream
+        sent_counts = [e["completion_tokens"] for e in events]
+        assert streamed_in_intervals(sent_counts, completion_tokens, STREAM_INTERVAL), sent_counts
         assert "".join(e["text_output"] for e in events) == text
         assert [e["finish_reason"] for e in events] == [""] * (len(events) - 1) + [finish_reason]
 

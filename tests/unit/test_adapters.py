@@ -388,12 +388,13 @@ def test_llm_streams_chunks_then_a_final_flag(pb_utils, llm):
     assert model.execute([streamed, whole]) is None  # decoupled: responses come from the loop thread
     sent = finished(streamed)
     FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-    assert [flags for _, flags in sent] == [0, 0, FINAL]
+    # The committed stream_interval (4): the first token alone, the rest with the final flag.
+    assert [flags for _, flags in sent] == [0, FINAL]
     chunks = [response.outputs() for response, _ in sent]
-    assert [c["output_ids"].tolist() for c in chunks] == [[[101]], [[102]], [[103]]]
-    assert [c["finish_reason"].tolist() for c in chunks] == [[[b""]], [[b""]], [[b"length"]]]
-    assert [c["completion_tokens"].tolist() for c in chunks] == [[[1]], [[2]], [[3]]]
-    assert chunks[2]["context_ids"].tolist() == [[101, 102]] and chunks[0]["prompt_tokens"].tolist() == [[3]]
+    assert [c["output_ids"].tolist() for c in chunks] == [[[101]], [[102, 103]]]
+    assert [c["finish_reason"].tolist() for c in chunks] == [[[b""]], [[b"length"]]]
+    assert [c["completion_tokens"].tolist() for c in chunks] == [[[1]], [[3]]]
+    assert chunks[1]["context_ids"].tolist() == [[101]] and chunks[0]["prompt_tokens"].tolist() == [[3]]
     (response, flags), = finished(whole)
     assert flags == FINAL and response.outputs()["output_ids"].tolist() == [[101, 102, 103]]
 
@@ -465,7 +466,7 @@ def test_llm_execute_returns_only_once_the_rank_has_room(pb_utils, llm):
     ({"parameters": {"balancing": "fast"}},
      "model llm: parameter balancing: 'fast' is not allowed; it must be one of tokens, none (default 'tokens')"),
     ({"parameters": {"stream_interval": "0"}},
-     "model llm: parameter stream_interval: '0' is not allowed; it must be an integer >= 1 (default 1)"),
+     "model llm: parameter stream_interval: '0' is not allowed; it must be an integer >= 1 (default 4)"),
 ])
 def test_llm_config_errors_fail_loading_before_the_engine_starts(pb_utils, args, message):
     module = load_adapter(pb_utils, "llm")

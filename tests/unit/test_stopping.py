@@ -87,11 +87,12 @@ def test_eos_finishes_with_stop_and_is_not_sent():
 
 def test_stream_interval_and_context_window():
     completion = Completion(5, stream=True, stream_interval=2, context_window=3)
-    chunks = chunks_of(completion, [[1], [2], [3], [4, 5], [6], [7]])
+    # The first id goes out alone (a client's first token waits for no other), then every 2.
+    chunks = chunks_of(completion, [[1], [2], [3], [4, 5, 6], [7]])
     assert [(c.context_ids, c.output_ids, c.final) for c in chunks] == [
-        ([], [1, 2], False), ([1, 2], [3, 4, 5], False), ([3, 4, 5], [6, 7], True)]
-    assert [c.completion_tokens for c in chunks] == [2, 5, 7]
-    assert [c.finish_reason for c in chunks] == ["", "", FINISH_LENGTH]
+        ([], [1], False), ([1], [2, 3], False), ([1, 2, 3], [4, 5, 6], False), ([4, 5, 6], [7], True)]
+    assert [c.completion_tokens for c in chunks] == [1, 3, 6, 7]
+    assert [c.finish_reason for c in chunks] == ["", "", "", FINISH_LENGTH]
 
 
 def test_stop_sequence_is_held_then_dropped():

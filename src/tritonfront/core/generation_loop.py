@@ -134,8 +134,11 @@ class Completion:
 
     @property
     def holding(self) -> bool:
-        """A streamed chunk's worth of ids is ready and not sent."""
-        return self.stream and not self.finished and len(self._pending) >= self.stream_interval
+        """A streamed chunk's worth of ids is ready and not sent: stream_interval ids, or any id
+        before the first chunk, so a stream's first token never waits for the next ones (TTFT)."""
+        if not self.stream or self.finished or not self._pending:
+            return False
+        return self._sent == 0 or len(self._pending) >= self.stream_interval
 
     def release(self) -> Optional[Chunk]:
         return self._chunk(final=False) if self.holding else None

@@ -128,7 +128,12 @@ class LLMConfig(Config):
                                           "fewer outstanding tokens; none: Triton's own placement",
                                 choices=BALANCING_MODES)
     balancing_timeout_ms: int = _parameter(1000, "longest hold of execute by the balancing gate", minimum=0)
-    stream_interval: int = _parameter(1, "generated tokens per streamed response", minimum=1)
+    # Every streamed response is a hop chain of its own (llm -> Triton -> detokenizer -> Triton ->
+    # client, ~2-4 CPU ms on these cores, taken from the engine's): 4 ids per response (the first
+    # alone) cut that cost per token by 55-65% (perf/results/bench_peers_generate.md); 1 streams
+    # every token as vLLM's and SGLang's default does.
+    stream_interval: int = _parameter(4, "generated tokens per streamed response after the first, which goes out "
+                                         "alone", minimum=1)
     max_num_seqs: int = _parameter(256, "sequences in one forward pass", minimum=1)
     max_active_requests: int = _parameter(256, "unfinished requests one rank holds; beyond them requests wait in "
                                               "Triton's queue, whose size limit and timeout reject what cannot be "
