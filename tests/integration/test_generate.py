@@ -9,9 +9,9 @@ from typing import Optional
 import numpy as np
 import pytest
 
+from harness.chunks import streamed_in_intervals
 from harness.clients.http import post, sse_events
 from harness.clients.kserve import generate_inputs, tensor, tensors
-from harness.chunks import streamed_in_intervals
 from harness.clients.streams import Streams, run_requests as run, single_error
 from harness.corpora import PROMPTS
 from harness.deploy import write_deployment

@@ -130,8 +130,8 @@ class LLMConfig(Config):
     balancing_timeout_ms: int = _parameter(1000, "longest hold of execute by the balancing gate", minimum=0)
     # Every streamed response is a hop chain of its own (llm -> Triton -> detokenizer -> Triton ->
     # client, ~2-4 CPU ms on these cores, taken from the engine's): 4 ids per response (the first
-    # alone) cut that cost per token by 55-65% (perf/results/bench_peers_generate.md); 1 streams
-    # every token as vLLM's and SGLang's default does.
+    # alone) cut the front end's CPU per token to a half to a third (perf/results/bench_peers_generate.md,
+    # bench_peers_llama.md); 1 streams every token, as vLLM's and SGLang's default does.
     stream_interval: int = _parameter(4, "generated tokens per streamed response after the first, which goes out "
                                          "alone", minimum=1)
     max_num_seqs: int = _parameter(256, "sequences in one forward pass", minimum=1)
