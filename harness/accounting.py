@@ -31,6 +31,12 @@ def process_cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
+def threads_cpu_seconds(process: psutil.Process) -> float:
+    """CPU seconds of a process's own threads, without the children it reaped."""
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def own_cpu_seconds() -> float:
     """CPU seconds of this process and every process it started: live ones (a server and its
     stubs) through psutil, finished ones (perf_analyzer, a stopped server, a stub killed and reaped

@@ -51,11 +51,6 @@ def prompts(count: int) -> list[str]:
     return [f"Write a detailed essay about {TOPICS[i % len(TOPICS)]}, part {i}." for i in range(count)]
 
 
-def cpu(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
-
-
 @dataclass
 class Snapshot:
     processes: dict  # component -> CPU seconds
@@ -63,10 +58,10 @@ class Snapshot:
 
 
 def snapshot(server_pid: int, llm_pid: int) -> Snapshot:
-    processes = {SERVER: cpu(psutil.Process(server_pid)), LOAD_GENERATOR: cpu(psutil.Process())}
+    processes = {SERVER: accounting.threads_cpu_seconds(psutil.Process(server_pid)), LOAD_GENERATOR: accounting.threads_cpu_seconds(psutil.Process())}
     for pid, (model, _) in live_stubs(server_pid).items():
         key = f"{model} stubs"
-        processes[key] = processes.get(key, 0.0) + cpu(psutil.Process(pid))
+        processes[key] = processes.get(key, 0.0) + accounting.threads_cpu_seconds(psutil.Process(pid))
     return Snapshot(processes, accounting.thread_cpu_by_id(llm_pid))
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from harness import observe, report
+from harness import accounting, observe, report
 from harness.clients.kserve import generate_inputs
 from harness.clients.openai import ChatStreams
 from harness.corpora import synthetic_prompts
@@ -50,14 +50,9 @@ def front_process(server) -> psutil.Process:
     return next(p for p in psutil.Process(server.process.pid).children() if "tritonfront.openai" in " ".join(p.cmdline()))
 
 
-def cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
-
-
 async def measure(server, path: str, texts: list[str], max_tokens: int, concurrency: int, duration: float) -> dict:
     finish, front, client_cpu = observe.step(server, COMPOSING), front_process(server), time.process_time()
-    front_cpu = cpu_seconds(front)
+    front_cpu = accounting.threads_cpu_seconds(front)
     if path == "openai":
         chat = ChatStreams(server.openai_url)
 
@@ -77,7 +72,7 @@ async def measure(server, path: str, texts: list[str], max_tokens: int, concurre
     s = streaming.summary(records)
     s.update(path=path, concurrency=concurrency, seconds=seconds, tokens_per_s=s["tokens"] / seconds,
              server=finish(), client_cpu=(time.process_time() - client_cpu) / seconds,
-             front_cpu=(cpu_seconds(front) - front_cpu) / seconds)
+             front_cpu=(accounting.threads_cpu_seconds(front) - front_cpu) / seconds)
     print(f"{path:6s} c={concurrency:3d} ok {s['ok']:4d} failed {s['failed']}  ttft p50 {s['ttft_p50']:7.1f} ms  "
           f"{s['tokens_per_s']:6.2f} tok/s  front cpu {s['front_cpu']:.3f}", flush=True)
     return s

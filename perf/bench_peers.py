@@ -169,7 +169,7 @@ def run_ceiling(engine, prompt_ids, streams: int, max_tokens: int, duration: flo
     # Counting the threads named tf-engine missed the engine's OpenMP workers whenever another
     # thread of this process had entered a parallel region first (workers take that thread's
     # name): 7.9 CPU ms per token at 64 streams instead of ~13.6 on 2026-11-26.
-    engine_cpu = lambda: sum(accounting.os.times()[:2])  # noqa: E731
+    engine_cpu = lambda: accounting.threads_cpu_seconds(accounting.psutil.Process())  # noqa: E731
     before = engine_cpu()
     start = time.perf_counter()
     for _ in range(streams):
