@@ -105,10 +105,6 @@ def configure(args) -> Path:
                 set_count(config, counts[name])
             if args.gpus and name in GPU_MODELS:
                 place_on_gpus(config, args.gpus, one_group_per_gpu=name == "llm")
-                if name == "encoder":
-                    # The CPU cap keeps two single-core instances fair (its config.pbtxt says why);
-                    # a GPU runs a large batch in about the time of a small one.
-                    del config.dynamic_batching.preferred_batch_size[:]
             if name == "llm" and sum(group.count or 1 for group in config.instance_group) > 1:
                 # Several ranks: one request per execute, so that the balancing gate (or Triton's
                 # own placement) spreads a burst over them; a batch would all go to one rank. One

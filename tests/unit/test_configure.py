@@ -64,20 +64,6 @@ def test_several_llm_ranks_take_one_request_per_execute_and_one_rank_takes_batch
     assert list(dp1.dynamic_batching.preferred_batch_size) == []
 
 
-def test_the_encoder_takes_small_batches_on_cpu_and_whole_queues_on_gpus(tmp_path):
-    """On CPU the encoder's instances take the queue 8 texts at a time (fair order under a closed
-    loop, config.pbtxt); on GPUs the cap goes, so a batch grows with the queue."""
-    committed = configure.load(ROOT / "model_repository" / "encoder" / "config.pbtxt")
-    assert list(committed.dynamic_batching.preferred_batch_size) == [8]
-    configure.main(["--out", str(tmp_path / "cpu"), "--encoders", "3"])
-    configure.main(["--out", str(tmp_path / "gpu"), "--gpus", "0,1"])
-    cpu = configure.load(tmp_path / "cpu" / "model_repository" / "encoder" / "config.pbtxt")
-    gpu = configure.load(tmp_path / "gpu" / "model_repository" / "encoder" / "config.pbtxt")
-    assert list(cpu.dynamic_batching.preferred_batch_size) == [8] and cpu.instance_group[0].count == 3
-    assert list(gpu.dynamic_batching.preferred_batch_size) == []
-    assert gpu.instance_group[0].kind == gpu.instance_group[0].KIND_GPU and list(gpu.instance_group[0].gpus) == [0, 1]
-
-
 def test_llama_cpp_ranks_each_get_the_engine_and_a_share_of_the_cores(tmp_path):
     """--dp N --engine llama_cpp: N instances, each its own engine (context, KV cache, threads); with
     num_threads 0 each rank takes cores / N threads (tests/unit/test_model_config.py)."""
