@@ -58,7 +58,8 @@ class Snapshot:
 
 
 def snapshot(server_pid: int, llm_pid: int) -> Snapshot:
-    processes = {SERVER: accounting.threads_cpu_seconds(psutil.Process(server_pid)), LOAD_GENERATOR: accounting.threads_cpu_seconds(psutil.Process())}
+    processes = {SERVER: accounting.threads_cpu_seconds(psutil.Process(server_pid)),
+                 LOAD_GENERATOR: accounting.threads_cpu_seconds(psutil.Process())}
     for pid, (model, _) in live_stubs(server_pid).items():
         key = f"{model} stubs"
         processes[key] = processes.get(key, 0.0) + accounting.threads_cpu_seconds(psutil.Process(pid))

@@ -35,6 +35,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import numpy as np
+import psutil
 
 from harness import accounting, peers, report
 from harness.clients.kserve import generate_inputs, text_inputs
@@ -169,7 +170,7 @@ def run_ceiling(engine, prompt_ids, streams: int, max_tokens: int, duration: flo
     # Counting the threads named tf-engine missed the engine's OpenMP workers whenever another
     # thread of this process had entered a parallel region first (workers take that thread's
     # name): 7.9 CPU ms per token at 64 streams instead of ~13.6 on 2026-11-26.
-    engine_cpu = lambda: accounting.threads_cpu_seconds(accounting.psutil.Process())  # noqa: E731
+    engine_cpu = lambda: accounting.threads_cpu_seconds(psutil.Process())  # noqa: E731
     before = engine_cpu()
     start = time.perf_counter()
     for _ in range(streams):
