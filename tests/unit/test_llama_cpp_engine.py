@@ -3,9 +3,11 @@ generation (Llama.generate, greedy) and the logits its context computes: greedy 
 concurrent sequences, log probs are the log-softmax of the logits llama.cpp computes,
 seeded sampling does not depend on the batch (with a cache per sequence; in the unified cache while
 no other sequence ends), the sampling features do what they say, a cancelled or
-finished sequence's KV cells go back (asked of llama.cpp's memory itself), and what the engine
+finished sequence's KV cells go back (asked of llama.cpp's memory itself; a finished prompt stays on its
+seq_id for the next request there, prompt_cache), and what the engine
 cannot do or a request that does not fit is refused by name. Prompts are not the tests' fixtures
 (harness.corpora.PROMPTS)."""
+import dataclasses
 import json
 import math
 import time
@@ -57,9 +59,10 @@ def reference_greedy(prompt: list[int], max_tokens: int) -> list[int]:
 
 
 def wait_until_empty(engine, timeout: float = 30) -> None:
+    """Until no sequence runs and llama.cpp's memory holds only the prompts free seq_ids keep."""
     deadline = time.monotonic() + timeout
-    while engine.kv_cache_blocks() or engine.memory_cells():
-        assert time.monotonic() < deadline, (engine.kv_cache_blocks(), engine.memory_cells())
+    while engine.kv_cache_blocks() or engine.memory_cells() != engine.kept_prompt_cells():
+        assert time.monotonic() < deadline, (engine.kv_cache_blocks(), engine.memory_cells(), engine.kept_prompt_cells())
         engine.outputs(0.05)
 
 
@@ -134,7 +137,8 @@ def test_each_step_is_in_seq_id_order_and_new_sequences_take_the_lowest_free_ids
                                                                                     monkeypatch):
     """With a cache per sequence, llama.cpp runs a batch as one forward pass per run of consecutive
     seq_ids in batch order (llama_batch_allocr::split_equal): the batch must list the sequences in
-    seq_id order, and the ids must stay compact as sequences end and others start."""
+    seq_id order, and the ids must stay compact as sequences end and others start (with the prompts
+    that finished ones keep on their ids, prompt_cache's default)."""
     from tritonfront.engines import llama_cpp as engine_module
 
     steps = []
@@ -155,6 +159,61 @@ def test_each_step_is_in_seq_id_order_and_new_sequences_take_the_lowest_free_ids
     assert steps and all(ids == sorted(ids) for ids in steps), steps
     used = sorted({i for ids in steps for i in ids})
     assert used == list(range(len(used))) and len(used) <= 8, used
+
+
+def test_a_finished_prompt_stays_on_its_seq_id_for_the_next_request_there_and_cancelling_frees_it(gguf, reference,
+                                                                                                   monkeypatch):
+    """With a cache per sequence a finished sequence's prompt keeps its cells on its seq_id; the
+    next request given that seq_id (the lowest free) is fed only what follows the prefix the two
+    share, and generates what llama-cpp-python generates from the whole prompt. Cancelled
+    sequences keep nothing; with prompt_cache false nothing is kept."""
+    from tritonfront.engines import llama_cpp as engine_module
+
+    config = EngineConfig(kv_cache_tokens=4 * 512, max_num_seqs=4, num_threads=2, gguf_file=str(gguf),
+                          kv_unified=False)
+    split_engine = create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu", config)
+    try:
+        check_prompt_reuse(split_engine, reference, monkeypatch, engine_module)
+    finally:
+        split_engine.shutdown()
+    uncached = create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu",
+                             dataclasses.replace(config, prompt_cache=False))
+    try:
+        prompt = tokens(reference, PROMPTS[4])
+        assert generated(uncached, {"first": (prompt, SamplingParams(max_tokens=5))})["first"] == \
+            reference_greedy(prompt, 5)
+        wait_until_empty(uncached)
+        assert uncached.kept_prompt_cells() == 0 == uncached.memory_cells()
+    finally:
+        uncached.shutdown()
+
+
+def check_prompt_reuse(split_engine, reference, monkeypatch, engine_module) -> None:
+    fed = []
+    decode = engine_module.llama.llama_decode
+
+    def recording(ctx, batch):
+        fed.append([(batch.seq_id[i][0], batch.pos[i]) for i in range(batch.n_tokens)])
+        return decode(ctx, batch)
+
+    monkeypatch.setattr(engine_module.llama, "llama_decode", recording)
+    base = tokens(reference, PROMPTS[4])
+    longer = base + tokens(reference, " the leaves turn red and gold")
+    assert generated(split_engine, {"first": (base, SamplingParams(max_tokens=5))})["first"] == reference_greedy(base, 5)
+    seq_id = fed[0][0][0]
+    assert split_engine.kept_prompt_cells() == len(base) == split_engine.memory_cells()
+    fed.clear()
+    assert generated(split_engine, {"second": (longer, SamplingParams(max_tokens=8))})["second"] == \
+        reference_greedy(longer, 8)
+    assert fed[0] == [(seq_id, position) for position in range(len(base), len(longer))]  # only the new tokens
+    assert split_engine.kept_prompt_cells() == len(longer) == split_engine.memory_cells()
+    split_engine.add("cancelled", longer, SamplingParams(max_tokens=400))
+    seen = 0
+    while seen < 3:
+        seen += sum(len(o.token_ids) for o in split_engine.outputs(0.05) if o.request_id == "cancelled")
+    split_engine.cancel("cancelled")
+    wait_until_empty(split_engine)
+    assert split_engine.kept_prompt_cells() == 0 == split_engine.memory_cells()
 
 
 SEEDED = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.95, random_seed=2**40 + 7)

@@ -149,6 +149,10 @@ class LLMConfig(Config):
                                          "kv_cache_tokens split evenly between max_num_seqs sequences (each one's "
                                          "context), attention over a sequence's own cells only (llama-server's -np)",
                                  choices=("true", "false"))
+    prompt_cache: str = _parameter("true", "llama_cpp with kv_unified false: true, a finished request's prompt stays in "
+                                           "its seq_id's cells and the next request given that seq_id is fed only what "
+                                           "follows their shared prefix (llama-server's cache_prompt); false, every end "
+                                           "frees its cells", choices=("true", "false"))
     max_batch_tokens: int = _parameter(512, "tokens in one forward pass: bounds the prefill chunk a long prompt "
                                             "is split into", minimum=1)
     dtype: str = _parameter("auto", "weights and activations; auto: float32 on CPU, bfloat16 on GPU", choices=DTYPES)
@@ -176,7 +180,7 @@ class LLMConfig(Config):
         return EngineConfig(max_num_seqs=self.max_num_seqs, kv_cache_tokens=self.kv_cache_tokens,
                             max_batch_tokens=self.max_batch_tokens, dtype=self.dtype, attention=self.attention,
                             num_threads=num_threads, gguf_file=gguf_file,
-                            kv_unified=self.kv_unified == "true")
+                            kv_unified=self.kv_unified == "true", prompt_cache=self.prompt_cache == "true")
 
 
 @dataclass(frozen=True)

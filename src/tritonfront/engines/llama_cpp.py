@@ -9,6 +9,15 @@ admitted between steps when a seq_id is free and its prompt plus max_tokens fit 
 reserved by the running ones, so a running sequence never runs out of cache; a finished or
 cancelled one gives its cells back with llama_memory_seq_rm.
 
+With a cache per sequence (kv_unified false) and prompt_cache, a finished sequence's prompt
+stays in its seq_id's cells, as llama-server keeps each slot's prompt (cache_prompt): the next
+request given that seq_id keeps the cells of the prefix the two prompts share and is fed only the
+rest. A new request still takes the lowest free seq_id, not the one whose kept prompt shares the
+most: running ids must stay compact (_step says why), and a gap costs a forward pass every step
+for the request's whole life, where a shared prefix saves its prefill once. Those cells are the
+seq_id's own, so keeping them takes none from other sequences; in one unified cache they would,
+so there every end frees its cells. A cancelled sequence frees all of its cells.
+
 Sampling uses llama.cpp's samplers, one chain per request that needs one: temperature, then the
 penalties (over prompt and generated tokens, TensorRT-LLM's order and counting), top-k, top-p,
 and the seeded `dist` sampler, whose own RNG makes a seeded request's tokens independent of what
@@ -62,6 +71,14 @@ def _init_backend() -> None:
                                    "scripts/setup.sh builds it (a C++ compiler is needed)") from error
             llama_cpp.llama_backend_init()
             llama = llama_cpp
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def seed32(seed: int) -> int:
@@ -214,6 +231,10 @@ class LlamaCppEngine(Engine):
         self._running: dict[str, _Sequence] = {}
         # A heap: the lowest free seq_id goes first, so running sequences keep to a compact range (_step says why).
         self._free_seq_ids = list(range(config.max_num_seqs))
+        # Free seq_id -> the prompt its cells still hold (a cache per sequence only: module docstring).
+        self._kept_prompts: dict[int, list[int]] = {}
+        self._keep_prompts = config.prompt_cache and not config.kv_unified
+        self._kept_cells = 0
         self._reserved = 0
         # The context is used by the engine thread, and by memory_cells() from others, under this lock.
         self._context_lock = threading.RLock()
@@ -311,9 +332,13 @@ class LlamaCppEngine(Engine):
     def kv_cache_capacity_blocks(self) -> int:
         return self.kv_cells
 
+    def kept_prompt_cells(self) -> int:
+        """Cells that free seq_ids keep for a later prompt with the same prefix (the engine's count)."""
+        return self._kept_cells
+
     def memory_cells(self) -> int:
         """KV cells that llama.cpp's memory holds for any sequence, asked of llama.cpp itself (for
-        leak checks: the engine's own count is kv_cache_blocks)."""
+        leak checks: the engine's own count is kv_cache_blocks plus kept_prompt_cells)."""
         with self._context_lock:
             cells = 0
             for seq_id in range(self.max_num_seqs):
@@ -375,7 +400,7 @@ class LlamaCppEngine(Engine):
             if self._reserved + sequence.reserved > self.kv_cells:
                 return
             self._waiting.popleft()
-            sequence.seq_id = heapq.heappop(self._free_seq_ids)
+            self._take_seq_id(sequence)
             self._reserved += sequence.reserved
             if not sequence.plain:
                 sequence.sampler = _Sampler(sequence.params, self.vocab_size, sequence.reserved)
@@ -383,11 +408,31 @@ class LlamaCppEngine(Engine):
                     sequence.sampler.accept(sequence.prompt)
             self._running[sequence.request_id] = sequence
 
-    def _release(self, sequence: _Sequence) -> None:
-        """Ends a running sequence: its cells, seq_id, reservation and sampler go back."""
+    def _take_seq_id(self, sequence: _Sequence) -> None:
+        """The lowest free seq_id; the prefix its kept prompt shares with this one stays in its
+        cells (at least the last prompt token is fed, for its logits), the rest is removed."""
+        seq_id = heapq.heappop(self._free_seq_ids)
+        kept = self._kept_prompts.pop(seq_id, None)
+        shared = 0
+        if kept is not None:
+            self._kept_cells -= len(kept)
+            shared = min(_common_prefix(kept, sequence.prompt), len(sequence.prompt) - 1)
+            if shared < len(kept):
+                with self._context_lock:
+                    llama.llama_memory_seq_rm(self._memory, seq_id, shared, -1)
+        sequence.seq_id, sequence.fed = seq_id, shared
+        self.cells_held += shared
+
+    def _release(self, sequence: _Sequence, keep_prompt: bool = False) -> None:
+        """Ends a running sequence: its cells (but a finished one's prompt, with a cache per
+        sequence), seq_id, reservation and sampler go back."""
         del self._running[sequence.request_id]
+        keep = keep_prompt and self._keep_prompts and not sequence.prefilling
         with self._context_lock:
-            llama.llama_memory_seq_rm(self._memory, sequence.seq_id, -1, -1)
+            llama.llama_memory_seq_rm(self._memory, sequence.seq_id, len(sequence.prompt) if keep else -1, -1)
+        if keep:
+            self._kept_prompts[sequence.seq_id] = sequence.prompt
+            self._kept_cells += len(sequence.prompt)
         self.cells_held -= sequence.fed
         heapq.heappush(self._free_seq_ids, sequence.seq_id)
         self._reserved -= sequence.reserved
@@ -450,7 +495,7 @@ class LlamaCppEngine(Engine):
             if output.finished:
                 sequence = self._running.get(output.request_id)
                 if sequence is not None:
-                    self._release(sequence)
+                    self._release(sequence, keep_prompt=True)
         self._results.put(outputs)
 
     def _fail_step(self, sequences: list[_Sequence], status: int) -> None:
