@@ -161,12 +161,11 @@ def test_each_step_is_in_seq_id_order_and_new_sequences_take_the_lowest_free_ids
     assert used == list(range(len(used))) and len(used) <= 8, used
 
 
-def test_a_finished_prompt_stays_on_its_seq_id_for_the_next_request_there_and_cancelling_frees_it(gguf, reference,
-                                                                                                   monkeypatch):
+def test_an_ended_prompt_stays_on_its_seq_id_for_the_next_request_there(gguf, reference, monkeypatch):
     """With a cache per sequence a finished sequence's prompt keeps its cells on its seq_id; the
-    next request given that seq_id (the lowest free) is fed only what follows the prefix the two
-    share, and generates what llama-cpp-python generates from the whole prompt. Cancelled
-    sequences keep nothing; with prompt_cache false nothing is kept."""
+    next request given that seq_id is fed only what follows the prefix the two share, and
+    generates what llama-cpp-python generates from the whole prompt. A cancelled sequence keeps
+    its prompt the same way and frees what it generated; with prompt_cache false nothing stays."""
     from tritonfront.engines import llama_cpp as engine_module
 
     config = EngineConfig(kv_cache_tokens=4 * 512, max_num_seqs=4, num_threads=2, gguf_file=str(gguf),
@@ -213,7 +212,18 @@ def check_prompt_reuse(split_engine, reference, monkeypatch, engine_module) -> N
         seen += sum(len(o.token_ids) for o in split_engine.outputs(0.05) if o.request_id == "cancelled")
     split_engine.cancel("cancelled")
     wait_until_empty(split_engine)
-    assert split_engine.kept_prompt_cells() == 0 == split_engine.memory_cells()
+    assert split_engine.kept_prompt_cells() == len(longer) == split_engine.memory_cells()
+
+
+def test_requests_admitted_together_take_the_lowest_free_ids_each_the_one_keeping_most_of_its_prompt():
+    from tritonfront.engines.llama_cpp import assign_seq_ids
+
+    kept = {0: [1, 2, 3], 1: [7, 8, 9, 10], 2: [7, 8], 5: [7, 8, 9, 10, 11]}
+    # Id 5 keeps the longest prefix of the second prompt but is not among the two lowest free ids.
+    assert assign_seq_ids([[1, 2, 4], [7, 8, 9, 10, 11, 12]], [0, 1], kept) == [0, 1]
+    assert assign_seq_ids([[7, 8, 9, 5], [1, 2, 3, 4]], [0, 1, 2], kept) == [1, 0]
+    assert assign_seq_ids([[7, 8, 0], [7, 8, 0], [9]], [0, 1, 2], kept) == [1, 2, 0]  # ties: the lowest
+    assert assign_seq_ids([[4], [5]], [3, 4], {}) == [3, 4]
 
 
 SEEDED = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.95, random_seed=2**40 + 7)

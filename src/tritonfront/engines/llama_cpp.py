@@ -7,16 +7,18 @@ its next token for a sequence that is generating and a chunk of its prompt for o
 yet, decode tokens first and prompt chunks in the budget left (max_batch_tokens). A request is
 admitted between steps when a seq_id is free and its prompt plus max_tokens fit in the cells not
 reserved by the running ones, so a running sequence never runs out of cache; a finished or
-cancelled one gives its cells back with llama_memory_seq_rm.
+cancelled one gives its cells back with llama_memory_seq_rm (but those of the prompt it keeps for
+reuse, below).
 
-With a cache per sequence (kv_unified false) and prompt_cache, a finished sequence's prompt
-stays in its seq_id's cells, as llama-server keeps each slot's prompt (cache_prompt): the next
-request given that seq_id keeps the cells of the prefix the two prompts share and is fed only the
-rest. A new request still takes the lowest free seq_id, not the one whose kept prompt shares the
-most: running ids must stay compact (_step says why), and a gap costs a forward pass every step
-for the request's whole life, where a shared prefix saves its prefill once. Those cells are the
+With a cache per sequence (kv_unified false) and prompt_cache, an ended sequence's prompt stays
+in its seq_id's cells, as llama-server keeps each slot's prompt (cache_prompt), whether it
+finished or was cancelled (then what of the prompt it was fed): a later request given that seq_id
+keeps the prefix the two prompts share and is fed only the rest. Requests admitted together take
+the lowest free seq_ids, as without reuse (the running ids must stay compact: _step says why; a
+gap would cost a forward pass every step of the request's life, a shared prefix saves its prefill
+once), each the one among them that keeps the longest prefix of its prompt. Those cells are the
 seq_id's own, so keeping them takes none from other sequences; in one unified cache they would,
-so there every end frees its cells. A cancelled sequence frees all of its cells.
+so there every end frees its cells.
 
 Sampling uses llama.cpp's samplers, one chain per request that needs one: temperature, then the
 penalties (over prompt and generated tokens, TensorRT-LLM's order and counting), top-k, top-p,
@@ -79,6 +81,23 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def assign_seq_ids(prompts: list[list[int]], seq_ids: list[int], kept: dict[int, list[int]]) -> list[int]:
+    """Gives each prompt, in order, one of `seq_ids` (ascending): the one whose kept prompt shares
+    the longest prefix with it, the lowest on a tie. Requests admitted together take the lowest
+    free ids whatever this order, so the running ids stay as compact as before."""
+    free = list(seq_ids)
+    assigned = []
+    for prompt in prompts:
+        best, shared = free[0], -1
+        for seq_id in free:
+            common = _common_prefix(kept[seq_id], prompt) if seq_id in kept else 0
+            if common > shared:
+                best, shared = seq_id, common
+        free.remove(best)
+        assigned.append(best)
+    return assigned
 
 
 def seed32(seed: int) -> int:
@@ -390,28 +409,32 @@ class LlamaCppEngine(Engine):
         for request_id in request_ids:
             sequence = self._running.get(request_id)
             if sequence is not None:
-                self._release(sequence)
+                self._release(sequence, keep_prompt=True)
 
     def _admit(self) -> None:
         """Waiting requests become running, first come first, while a seq_id is free and the cells
-        they may need are not reserved."""
-        while self._waiting and self._free_seq_ids:
-            sequence = self._waiting[0]
-            if self._reserved + sequence.reserved > self.kv_cells:
-                return
+        they may need are not reserved. Those admitted together take the lowest free seq_ids, each
+        the one among them that keeps the longest prefix of its prompt (assign_seq_ids)."""
+        admitted, reserved = [], self._reserved
+        for sequence in self._waiting:
+            if len(admitted) == len(self._free_seq_ids) or reserved + sequence.reserved > self.kv_cells:
+                break
+            admitted.append(sequence)
+            reserved += sequence.reserved
+        if not admitted:
+            return
+        lowest = heapq.nsmallest(len(admitted), self._free_seq_ids)
+        taken = set(lowest)
+        self._free_seq_ids = [seq_id for seq_id in self._free_seq_ids if seq_id not in taken]
+        heapq.heapify(self._free_seq_ids)
+        seq_ids = assign_seq_ids([s.prompt for s in admitted], lowest, self._kept_prompts)
+        for sequence, seq_id in zip(admitted, seq_ids):
             self._waiting.popleft()
-            self._take_seq_id(sequence)
-            self._reserved += sequence.reserved
-            if not sequence.plain:
-                sequence.sampler = _Sampler(sequence.params, self.vocab_size, sequence.reserved)
-                if sequence.params.penalized:
-                    sequence.sampler.accept(sequence.prompt)
-            self._running[sequence.request_id] = sequence
+            self._start(sequence, seq_id)
 
-    def _take_seq_id(self, sequence: _Sequence) -> None:
-        """The lowest free seq_id; the prefix its kept prompt shares with this one stays in its
-        cells (at least the last prompt token is fed, for its logits), the rest is removed."""
-        seq_id = heapq.heappop(self._free_seq_ids)
+    def _start(self, sequence: _Sequence, seq_id: int) -> None:
+        """The prefix that seq_id's kept prompt shares with this one stays in its cells (at least
+        the last prompt token is fed, for its logits); the rest of them are removed."""
         kept = self._kept_prompts.pop(seq_id, None)
         shared = 0
         if kept is not None:
@@ -422,17 +445,23 @@ class LlamaCppEngine(Engine):
                     llama.llama_memory_seq_rm(self._memory, seq_id, shared, -1)
         sequence.seq_id, sequence.fed = seq_id, shared
         self.cells_held += shared
+        self._reserved += sequence.reserved
+        if not sequence.plain:
+            sequence.sampler = _Sampler(sequence.params, self.vocab_size, sequence.reserved)
+            if sequence.params.penalized:
+                sequence.sampler.accept(sequence.prompt)
+        self._running[sequence.request_id] = sequence
 
     def _release(self, sequence: _Sequence, keep_prompt: bool = False) -> None:
-        """Ends a running sequence: its cells (but a finished one's prompt, with a cache per
-        sequence), seq_id, reservation and sampler go back."""
+        """Ends a running sequence: its cells, seq_id, reservation and sampler go back; with
+        `keep_prompt` (and prompt reuse on) the cells of the prompt tokens it was fed stay."""
         del self._running[sequence.request_id]
-        keep = keep_prompt and self._keep_prompts and not sequence.prefilling
+        kept = sequence.prompt[:min(sequence.fed, len(sequence.prompt))] if keep_prompt and self._keep_prompts else []
         with self._context_lock:
-            llama.llama_memory_seq_rm(self._memory, sequence.seq_id, len(sequence.prompt) if keep else -1, -1)
-        if keep:
-            self._kept_prompts[sequence.seq_id] = sequence.prompt
-            self._kept_cells += len(sequence.prompt)
+            llama.llama_memory_seq_rm(self._memory, sequence.seq_id, len(kept), -1)
+        if kept:
+            self._kept_prompts[sequence.seq_id] = kept
+            self._kept_cells += len(kept)
         self.cells_held -= sequence.fed
         heapq.heappush(self._free_seq_ids, sequence.seq_id)
         self._reserved -= sequence.reserved
