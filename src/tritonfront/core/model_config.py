@@ -149,10 +149,11 @@ class LLMConfig(Config):
                                          "kv_cache_tokens split evenly between max_num_seqs sequences (each one's "
                                          "context), attention over a sequence's own cells only (llama-server's -np)",
                                  choices=("true", "false"))
-    prompt_cache: str = _parameter("true", "llama_cpp with kv_unified false: true, a finished request's prompt stays in "
-                                           "its seq_id's cells and the next request given that seq_id is fed only what "
-                                           "follows their shared prefix (llama-server's cache_prompt); false, every end "
-                                           "frees its cells", choices=("true", "false"))
+    prompt_cache: str = _parameter("true", "llama_cpp with kv_unified false: true, an ended request's prompt (finished, "
+                                           "or what a cancelled one was fed) stays in its seq_id's cells and a later "
+                                           "request given that seq_id is fed only what follows their shared prefix "
+                                           "(llama-server's cache_prompt); false, every end frees its cells",
+                                   choices=("true", "false"))
     max_batch_tokens: int = _parameter(512, "tokens in one forward pass: bounds the prefill chunk a long prompt "
                                             "is split into", minimum=1)
     dtype: str = _parameter("auto", "weights and activations; auto: float32 on CPU, bfloat16 on GPU", choices=DTYPES)

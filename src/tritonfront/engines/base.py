@@ -152,8 +152,8 @@ class EngineConfig:
     # llama.cpp engine: one KV cache every sequence may fill (True), or kv_cache_tokens split evenly
     # between max_num_seqs sequences, each attending over its own cells only (llama-server's -np).
     kv_unified: bool = True
-    # llama.cpp engine with kv_unified False: a finished request's prompt stays in its seq_id's cells
-    # for the next request given that seq_id (llama-server's cache_prompt).
+    # llama.cpp engine with kv_unified False: an ended request's prompt stays in its seq_id's cells
+    # for a later request given that seq_id (llama-server's cache_prompt).
     prompt_cache: bool = True
 
 
