@@ -3,7 +3,7 @@ generation (Llama.generate, greedy) and the logits its context computes: greedy 
 concurrent sequences, log probs are the log-softmax of the logits llama.cpp computes,
 seeded sampling does not depend on the batch (with a cache per sequence; in the unified cache while
 no other sequence ends), the sampling features do what they say, a cancelled or
-finished sequence's KV cells go back (asked of llama.cpp's memory itself; a finished prompt stays on its
+finished sequence's KV cells go back (asked of llama.cpp's memory itself; an ended prompt stays on its
 seq_id for the next request there, prompt_cache), and what the engine
 cannot do or a request that does not fit is refused by name. Prompts are not the tests' fixtures
 (harness.corpora.PROMPTS)."""

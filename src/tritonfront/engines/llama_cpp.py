@@ -252,7 +252,7 @@ class LlamaCppEngine(Engine):
         self._free_seq_ids = list(range(config.max_num_seqs))
         # Free seq_id -> the prompt its cells still hold (a cache per sequence only: module docstring).
         self._kept_prompts: dict[int, list[int]] = {}
-        self._keep_prompts = config.prompt_cache and not config.kv_unified
+        self._reuse_prompts = config.prompt_cache and not config.kv_unified
         self._kept_cells = 0
         self._reserved = 0
         # The context is used by the engine thread, and by memory_cells() from others, under this lock.
@@ -423,10 +423,7 @@ class LlamaCppEngine(Engine):
             reserved += sequence.reserved
         if not admitted:
             return
-        lowest = heapq.nsmallest(len(admitted), self._free_seq_ids)
-        taken = set(lowest)
-        self._free_seq_ids = [seq_id for seq_id in self._free_seq_ids if seq_id not in taken]
-        heapq.heapify(self._free_seq_ids)
+        lowest = [heapq.heappop(self._free_seq_ids) for _ in admitted]
         seq_ids = assign_seq_ids([s.prompt for s in admitted], lowest, self._kept_prompts)
         for sequence, seq_id in zip(admitted, seq_ids):
             self._waiting.popleft()
@@ -456,7 +453,7 @@ class LlamaCppEngine(Engine):
         """Ends a running sequence: its cells, seq_id, reservation and sampler go back; with
         `keep_prompt` (and prompt reuse on) the cells of the prompt tokens it was fed stay."""
         del self._running[sequence.request_id]
-        kept = sequence.prompt[:min(sequence.fed, len(sequence.prompt))] if keep_prompt and self._keep_prompts else []
+        kept = sequence.prompt[:min(sequence.fed, len(sequence.prompt))] if keep_prompt and self._reuse_prompts else []
         with self._context_lock:
             llama.llama_memory_seq_rm(self._memory, sequence.seq_id, len(kept), -1)
         if kept:
