@@ -283,6 +283,35 @@ def test_tokens_wait_behind_an_unacknowledged_chunk_and_leave_together(tmp_path)
     assert loop.load().active_sequences == 0 and engine.cancelled == []
 
 
+def test_the_loop_waits_for_the_engine_as_long_as_its_own_work_allows(tmp_path):
+    """Short waits only while a chunk waits for its acknowledgement; longer ones while requests are
+    live (cancellation checks) and longest with none (heartbeat): each timed-out wait costs CPU."""
+    rows = open_rows(ack_table_path(7, 1, tmp_path), 1, SLOTS)
+    engine, client, waits = ScriptedEngine(), Client(), []
+    outputs = engine.outputs
+    engine.outputs = lambda timeout: waits.append(timeout) or outputs(timeout)
+    loop = GenerationLoop(engine, client, poll_s=0.02, cancel_check_s=1.0, idle_poll_s=0.5,
+                          delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=60.0))
+    loop.step()
+    loop.submit("s", GenerationRequest([10, 11], SamplingParams(max_tokens=3), stream=True,
+                                       delivery_acknowledged=True))
+    (request_id,) = engine.added
+    engine.emit(request_id, [100])
+    loop.step()  # sent; nothing waits behind it
+    engine.emit(request_id, [101])
+    loop.step()  # held behind [100]
+    engine.emit(request_id, [102], finished=True)
+    loop.step()  # the end waits behind [100] too
+    Acknowledger(1, tmp_path).acknowledge(np.array([c.delivery for c in client.chunks["s"]]))
+    loop.step()  # [101, 102] out: the request ended
+    loop.step()
+    assert waits == [0.5, 0.2, 0.2, 0.02, 0.02, 0.5]
+    assert [c.output_ids for c in client.chunks["s"]] == [[100], [101, 102]]
+    loop.hooks = TurnHooks()
+    loop.step()
+    assert waits[-1] == 0.02  # a variant's hooks may have work every turn
+
+
 def test_a_final_chunk_behind_a_chunk_never_acknowledged_ends_as_cancelled(tmp_path):
     now = [0.0]
     rows = open_rows(ack_table_path(7, 1, tmp_path), 1, SLOTS)

@@ -93,6 +93,15 @@ def test_the_model_gauges_follow_the_ranks_and_the_queue_and_survive_an_unreadab
     assert set(ROUTER_GAUGES) == set(MODEL_GAUGES)
 
 
+def test_triton_s_queue_is_read_only_while_a_rank_holds_a_request():
+    ranks, reads, calls = [[Load()], [Load(active_sequences=1)], [Load()]], [], []
+    model = ModelLoadMetrics(lambda: ranks.pop(0), lambda: reads.append(1) or 2,
+                             lambda spec, labels=None: Recorded(spec, calls, labels))
+    assert model.update().waiting_requests == 0 and reads == []
+    assert model.update().waiting_requests == 2 and reads == [1]
+    assert model.update().waiting_requests == 0 and reads == [1]
+
+
 def test_the_gauge_thread_updates_at_start_and_then_until_stopped():
     updated = threading.Event()
     count = []

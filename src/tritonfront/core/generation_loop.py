@@ -204,7 +204,7 @@ class GenerationLoop:
     def __init__(self, engine: Engine, responder: Responder, stream_interval: int = 1, context_window: int = 0,
                  on_load: Callable[[Load], None] = lambda load: None, poll_s: float = 0.02,
                  cancel_check_s: float = 0.5, delivery: Optional[DeliveryTracker] = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, idle_poll_s: float = 0.5):
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         self.engine = engine
@@ -212,7 +212,16 @@ class GenerationLoop:
         self.stream_interval = stream_interval
         self.context_window = context_window
         self.on_load = on_load
-        self.poll_s = poll_s  # longest wait for engine output
+        # How long a turn waits for the engine's output before doing the loop's own work anyway.
+        # Each timed-out wait costs the stub 40-400 us of CPU, taken from the engine's cores
+        # (19 CPU ms per second in an idle llama_cpp stub at 50 wakes a second), so the loop wakes
+        # only as often as that work needs (_wait_s): every poll_s while a chunk waits for its
+        # acknowledgement or a TurnHooks is set; every cancel_check_s / 5 (at least poll_s) while
+        # requests are live, for their cancellation checks; every idle_poll_s with none, for the
+        # load table's heartbeat (within balancing's stale_s) and to notice stop(). Engine output
+        # ends any wait.
+        self.poll_s = poll_s
+        self.idle_poll_s = idle_poll_s
         # Asking Triton whether a client cancelled is a round trip per request (as costly as sending
         # a chunk, by py-spy in the llm stub at 16 streams): each live request is asked at most once
         # per cancel_check_s, so a cancelled request runs on for at most that long (plus a step).
@@ -285,7 +294,7 @@ class GenerationLoop:
     def step(self) -> None:
         """One turn of the loop: waits up to poll_s for the engine's new tokens, then processes them."""
         try:
-            outputs = self.engine.outputs(self.poll_s)
+            outputs = self.engine.outputs(self._wait_s())
         except Exception as error:  # the engine cannot generate: no request may wait forever
             logger.exception("engine failed")
             self._fail_all(error)
@@ -300,6 +309,15 @@ class GenerationLoop:
         self.process(outputs)
         if outputs or handled:
             hooks.after_turn(time.perf_counter() - started)
+
+    def _wait_s(self) -> float:
+        # Read without the lock: a stale answer costs one wait of the wrong length, and a request
+        # submitted meanwhile ends the wait with its first output.
+        if self._held or self._finishing or self.hooks is not None:
+            return self.poll_s
+        if self._live:
+            return max(self.poll_s, self.cancel_check_s / 5)
+        return self.idle_poll_s
 
     def process(self, outputs: Sequence[EngineOutput]) -> None:
         """A turn's work once the engine's outputs are in hand: new tokens out to their clients,

@@ -144,7 +144,12 @@ class ModelLoadMetrics:
     """Sets the model's gauges (MODEL_GAUGES, and ROUTER_GAUGES with their extra labels: `metric`
     takes them as `labels`) from the live ranks' loads (`ranks`) and Triton's queue of the model
     (`queued`: None when it cannot be read, then counted as 0), changed values only. One rank of
-    a model does it: the gauges have no rank label."""
+    a model does it: the gauges have no rank label.
+
+    Triton's queue is read only while some rank holds a request: a read is a /metrics request
+    to tritonserver (1.2 CPU ms here, half of it in the stub, 4 times a second), and with every
+    rank empty the queue is empty too, since a rank's `execute` holds Triton's thread only while
+    that rank is full or, with token balancing, has more outstanding tokens than another."""
 
     def __init__(self, ranks: Callable[[], Sequence[Load]], queued: Callable[[], Optional[int]],
                  metric: Callable[..., Any]):
@@ -155,12 +160,13 @@ class ModelLoadMetrics:
         self._queue_unknown = False
 
     def update(self) -> ModelLoad:
-        queued = self.queued()
+        ranks = self.ranks()
+        queued = self.queued() if any(rank.active_sequences for rank in ranks) else 0
         if queued is None and not self._queue_unknown:
             logger.warning("Triton's queue of the model cannot be read from its metrics endpoint: %s counts only "
                            "what the ranks hold", MODEL_GAUGES["waiting_requests"].name)
         self._queue_unknown = queued is None
-        load = ModelLoad.of(self.ranks(), queued or 0)
+        load = ModelLoad.of(ranks, queued or 0)
         for field, gauge in self.gauges:
             if self._last is None or getattr(load, field) != getattr(self._last, field):
                 gauge.set(getattr(load, field))
