@@ -200,6 +200,27 @@ def test_each_client_is_asked_about_cancellation_at_most_once_per_interval():
     assert asked == ["a", "b"]
 
 
+def test_a_request_behind_the_ensemble_is_asked_about_cancellation_once():
+    """Triton cancels an ensemble's llm step only before it starts: asking again would be a wasted round trip."""
+    engine, client, asked = ScriptedEngine(), Client(), []
+    client.is_cancelled = lambda handle: asked.append(handle) or handle in client.gone
+    loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0)
+    for handle in ("ensemble", "direct", "left early"):
+        loop.submit(handle, GenerationRequest([10, 11], SamplingParams(max_tokens=8), stream=False,
+                                              delivery_acknowledged=handle != "direct"))
+    behind, direct, left_early = list(engine.added)
+    client.gone.add("left early")
+    loop.step()
+    assert asked == ["ensemble", "direct", "left early"] and engine.cancelled == [left_early]
+    client.gone.add("ensemble")
+    loop.step()
+    loop.step()
+    assert asked == ["ensemble", "direct", "left early", "direct", "direct"] and engine.cancelled == [left_early]
+    engine.emit(behind, [100, EOS], finished=True)
+    loop.step()
+    assert client.chunks["ensemble"][-1].finish_reason == FINISH_STOP
+
+
 def test_a_stream_whose_chunks_are_not_acknowledged_is_freed(tmp_path):
     """Behind the ensemble nobody tells the llm of a cancelled stream: its unacknowledged chunks do."""
     now = [0.0]

@@ -6,9 +6,10 @@ this instance holds max_active_requests unfinished requests (`wait_for_room`) an
 balancing, while another rank has fewer outstanding tokens (tritonfront.core.balancing), so waiting
 requests stay in Triton's queue. One thread per model instance owns the rest: it waits for the
 engine's new tokens, turns them into chunks per request (EOS and end_id, stop words,
-max_tokens, stream_interval), sends them, and asks each request's client whether it cancelled
-at most every cancel_check_s (a round trip to Triton each), so a cancelled request leaves the
-batch (and frees its KV cache) within that time and a step. Streams
+max_tokens, stream_interval), sends them, and asks each direct request's client whether it
+cancelled at most every cancel_check_s (a round trip to Triton each; a request behind the ensemble
+once: _Live says why), so a cancelled request leaves the batch (and frees its KV cache) within
+that time and a step. Streams
 abandoned behind the ensemble, which Triton does not cancel, are found through a
 DeliveryTracker (tritonfront.core.delivery) and leave the same way. Sending and the cancellation
 check are a Responder's job, so this runs and is tested without Triton.
@@ -181,6 +182,13 @@ class _Live:
     handle: Any
     completion: Completion
     cancel_checked: float  # when its client was last asked whether it cancelled
+    # Behind an ensemble (the request says a downstream step acknowledges its chunks) a request is
+    # asked once: Triton cancels an ensemble's llm step only if the client left before the step
+    # started, never the running step (server#6739; docs/verification.md). The DeliveryTracker
+    # finds abandoned streams instead, and asking every cancel_check_s would cost a round trip
+    # per request for nothing (more than the llm stub spent sending chunks, py-spy, 64 streams).
+    behind_ensemble: bool = False
+    asked: bool = False
 
 
 class TurnHooks:
@@ -251,7 +259,8 @@ class GenerationLoop:
         # Registered and added as one step, so a cancellation check cannot fall in between and
         # cancel in the engine a request it does not have yet.
         with self._lock:
-            self._live[request_id] = _Live(request_id, handle, completion, self.clock())
+            self._live[request_id] = _Live(request_id, handle, completion, self.clock(),
+                                           behind_ensemble=request.delivery_acknowledged)
             try:
                 self.engine.add(request_id, request.prompt_ids, params)
             except Exception:
@@ -396,9 +405,9 @@ class GenerationLoop:
                 self._send(live, live.completion.cancel())
 
     def _cancel_check_due(self, live: _Live, now: float) -> bool:
-        if now - live.cancel_checked < self.cancel_check_s:
+        if now - live.cancel_checked < self.cancel_check_s or live.behind_ensemble and live.asked:
             return False
-        live.cancel_checked = now
+        live.cancel_checked, live.asked = now, True
         return True
 
     def _retire(self, request_id: str, cancel_engine: bool) -> None:
