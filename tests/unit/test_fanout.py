@@ -44,7 +44,7 @@ class TritonSide:
     """Responses of Triton requests as the glue's StreamResponder would send them."""
 
     def __init__(self):
-        self.sent, self.errors, self.cancelled = [], [], set()
+        self.sent, self.errors, self.cancelled, self.asked = [], [], set(), []
 
     def send(self, handle, reply):
         self.sent.append((handle, reply.tensors(), reply.final))
@@ -52,8 +52,10 @@ class TritonSide:
     def fail(self, handle, error):
         self.errors.append((handle, str(error)))
 
-    def is_cancelled(self, handle):
-        return handle in self.cancelled
+    def is_cancelled(self, handle, ask_client=True):
+        if ask_client:
+            self.asked.append(handle)
+        return ask_client and handle in self.cancelled
 
 
 @pytest.fixture
@@ -64,8 +66,10 @@ def setup():
     return engine, triton, loop
 
 
-def sequences(prompts=((5, 6, 7),), count=1, stream=False, options=ResponseOptions(), max_tokens=4):
-    return [GenerationRequest(list(prompt), SamplingParams(max_tokens=max_tokens), (), stream, False, b, s, options)
+def sequences(prompts=((5, 6, 7),), count=1, stream=False, options=ResponseOptions(), max_tokens=4,
+              behind_ensemble=False):
+    return [GenerationRequest(list(prompt), SamplingParams(max_tokens=max_tokens), (), stream, behind_ensemble, b, s,
+                              options)
             for b, prompt in enumerate(prompts) for s in range(count)]
 
 
@@ -134,11 +138,14 @@ def test_log_probs_counts_and_times_on_request(setup):
     assert not {"cum_log_probs", "output_log_probs", "num_input_tokens", "arrival_time_ns"} & set(plain[0])
 
 
-def test_a_failed_sequence_fails_its_request_once_and_cancels_the_others(setup):
+@pytest.mark.parametrize("behind_ensemble", [False, True])
+def test_a_failed_sequence_fails_its_request_once_and_cancels_the_others(setup, behind_ensemble):
+    """Behind the ensemble Triton is asked once per sequence, yet a failed sibling still cancels the others."""
     engine, triton, loop = setup
-    submit_group(loop, "req", sequences(count=3, stream=True))
-    submit_group(loop, "other", sequences(stream=True))
+    submit_group(loop, "req", sequences(count=3, stream=True, behind_ensemble=behind_ensemble))
+    submit_group(loop, "other", sequences(stream=True, behind_ensemble=behind_ensemble))
     run(engine, loop, [[(0, [100], False)]])
+    assert len(triton.asked) == 4
     engine.pending.append(EngineOutput(list(engine.added)[1], [], True, error="out of memory"))
     loop.step()
     run(engine, loop, [[(0, [101], False), (2, [100], False), (3, [100], False)], []])
@@ -146,6 +153,7 @@ def test_a_failed_sequence_fails_its_request_once_and_cancels_the_others(setup):
     assert [handle for handle, _, _ in triton.sent] == ["req", "other"]  # nothing of req after its error
     ids = list(engine.added)
     assert {ids[0], ids[2]} <= set(engine.cancelled) and ids[3] not in engine.cancelled
+    assert (len(triton.asked) == 4) == behind_ensemble
 
 
 def test_a_cancelled_request_cancels_every_sequence(setup):

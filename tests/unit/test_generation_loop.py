@@ -51,8 +51,8 @@ class Client:
     def fail(self, handle, error):
         self.errors[handle] = error
 
-    def is_cancelled(self, handle):
-        return handle in self.gone
+    def is_cancelled(self, handle, ask_client=True):
+        return ask_client and handle in self.gone
 
 
 @pytest.fixture
@@ -182,7 +182,7 @@ def test_a_waiting_request_is_cancelled_without_engine_output(setup):
 def test_each_client_is_asked_about_cancellation_at_most_once_per_interval():
     now = [0.0]
     engine, client, asked = ScriptedEngine(), Client(), []
-    client.is_cancelled = lambda handle: asked.append(handle) or handle in client.gone
+    client.is_cancelled = lambda handle, ask_client=True: asked.append(handle) or handle in client.gone
     loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0.5, clock=lambda: now[0])
     a = submit(loop, engine, "a")
     for _ in range(3):  # steps within the interval: no round trip to Triton
@@ -201,21 +201,26 @@ def test_each_client_is_asked_about_cancellation_at_most_once_per_interval():
 
 
 def test_a_request_behind_the_ensemble_is_asked_about_cancellation_once():
-    """Triton cancels an ensemble's llm step only before it starts: asking again would be a wasted round trip."""
-    engine, client, asked = ScriptedEngine(), Client(), []
-    client.is_cancelled = lambda handle: asked.append(handle) or handle in client.gone
-    loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0)
+    """Triton cancels an ensemble's llm step only before it starts: it is asked on the first turn and
+    never again (what the responder knows without asking still counts on every check)."""
+    engine, client, asked, known = ScriptedEngine(), Client(), [], []
+    client.is_cancelled = lambda handle, ask_client=True: (asked.append(handle) if ask_client else known.append(handle)) \
+        or ask_client and handle in client.gone
+    now = [0.0]
+    loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0.5, clock=lambda: now[0])
     for handle in ("ensemble", "direct", "left early"):
         loop.submit(handle, GenerationRequest([10, 11], SamplingParams(max_tokens=8), stream=False,
                                               delivery_acknowledged=handle != "direct"))
     behind, direct, left_early = list(engine.added)
     client.gone.add("left early")
-    loop.step()
-    assert asked == ["ensemble", "direct", "left early"] and engine.cancelled == [left_early]
+    loop.step()  # at once behind the ensemble; a direct request one interval after it arrived
+    assert asked == ["ensemble", "left early"] and engine.cancelled == [left_early]
     client.gone.add("ensemble")
-    loop.step()
-    loop.step()
-    assert asked == ["ensemble", "direct", "left early", "direct", "direct"] and engine.cancelled == [left_early]
+    for _ in range(2):
+        now[0] += 0.5
+        loop.step()
+    assert asked == ["ensemble", "left early", "direct", "direct"] and known == ["ensemble", "ensemble"]
+    assert engine.cancelled == [left_early]
     engine.emit(behind, [100, EOS], finished=True)
     loop.step()
     assert client.chunks["ensemble"][-1].finish_reason == FINISH_STOP
@@ -330,7 +335,10 @@ def test_the_loop_waits_for_the_engine_as_long_as_its_own_work_allows(tmp_path):
     assert [c.output_ids for c in client.chunks["s"]] == [[100], [101, 102]]
     loop.hooks = TurnHooks()
     loop.step()
-    assert waits[-1] == 0.02  # a variant's hooks may have work every turn
+    assert waits[-1] == 0.5  # hooks that only time turns change nothing
+    loop.hooks.works_every_turn = True
+    loop.step()
+    assert waits[-1] == 0.02  # hooks that take requests over need every turn
 
 
 def test_a_final_chunk_behind_a_chunk_never_acknowledged_ends_as_cancelled(tmp_path):

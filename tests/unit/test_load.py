@@ -102,6 +102,14 @@ def test_triton_s_queue_is_read_only_while_a_rank_holds_a_request():
     assert model.update().waiting_requests == 0 and reads == [1]
 
 
+def test_an_unreadable_queue_is_warned_of_once_across_idle_spells(caplog):
+    ranks = iter([[Load(active_sequences=1)], [Load()], [Load(active_sequences=1)]])
+    model = ModelLoadMetrics(lambda: next(ranks), lambda: None, lambda spec, labels=None: Recorded(spec, [], labels))
+    for _ in range(3):
+        model.update()
+    assert sum("cannot be read" in record.message for record in caplog.records) == 1
+
+
 def test_the_gauge_thread_updates_at_start_and_then_until_stopped():
     updated = threading.Event()
     count = []

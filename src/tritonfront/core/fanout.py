@@ -100,8 +100,8 @@ class GroupResponder:
             group.failed = True
             self.responder.fail(group.handle, error)
 
-    def is_cancelled(self, handle: SequenceHandle) -> bool:
-        return handle.group.failed or self.responder.is_cancelled(handle.group.handle)
+    def is_cancelled(self, handle: SequenceHandle, ask_client: bool = True) -> bool:
+        return handle.group.failed or self.responder.is_cancelled(handle.group.handle, ask_client=ask_client)
 
 
 def _column(name: str, value) -> np.ndarray:

@@ -173,7 +173,9 @@ class Responder(Protocol):
 
     def fail(self, handle: Any, error: Exception) -> None: ...
 
-    def is_cancelled(self, handle: Any) -> bool: ...
+    def is_cancelled(self, handle: Any, ask_client: bool = True) -> bool:
+        """Whether the request was cancelled or can no longer be answered; `ask_client` False: only
+        what is known without a round trip to Triton."""
 
 
 @dataclass
@@ -182,19 +184,25 @@ class _Live:
     handle: Any
     completion: Completion
     cancel_checked: float  # when its client was last asked whether it cancelled
-    # Behind an ensemble (the request says a downstream step acknowledges its chunks) a request is
-    # asked once: Triton cancels an ensemble's llm step only if the client left before the step
-    # started, never the running step (server#6739; docs/verification.md). The DeliveryTracker
-    # finds abandoned streams instead, and asking every cancel_check_s would cost a round trip
-    # per request for nothing (more than the llm stub spent sending chunks, py-spy, 64 streams).
+    # Behind an ensemble (the request says a downstream step acknowledges its chunks) Triton is
+    # asked once, on the loop's first turn: it cancels an ensemble's llm step only if the client
+    # left before the step started, never the running step (server#6739; docs/verification.md).
+    # The DeliveryTracker finds abandoned streams instead, and asking every cancel_check_s cost a
+    # round trip per request for nothing (more than the llm stub spent sending chunks, py-spy, 64
+    # streams). What the Responder knows without asking (a failed sibling sequence) is still
+    # checked every cancel_check_s.
     behind_ensemble: bool = False
-    asked: bool = False
+    asked_client: bool = False
 
 
 class TurnHooks:
     """What a variant of the loop adds to each turn; the served llm sets none. Benchmarks attach one
     (`loop.hooks = ...`, before requests arrive) to time turns or to move work into the loop thread
     (perf/baseline_repository/), so the loop itself keeps no benchmark code."""
+
+    # Whether before_turn has work to do on every turn (requests handed to it wait for the next
+    # one): the loop then turns every poll_s, as it does while a chunk awaits its acknowledgement.
+    works_every_turn = False
 
     def before_turn(self, loop: "GenerationLoop") -> int:
         """Runs on the loop thread at the start of a turn; returns how many requests it handled
@@ -224,15 +232,16 @@ class GenerationLoop:
         # Each timed-out wait costs the stub 40-400 us of CPU, taken from the engine's cores
         # (19 CPU ms per second in an idle llama_cpp stub at 50 wakes a second), so the loop wakes
         # only as often as that work needs (_wait_s): every poll_s while a chunk waits for its
-        # acknowledgement or a TurnHooks is set; every cancel_check_s / 5 (at least poll_s) while
-        # requests are live, for their cancellation checks; every idle_poll_s with none, for the
-        # load table's heartbeat (within balancing's stale_s) and to notice stop(). Engine output
-        # ends any wait.
+        # acknowledgement or a TurnHooks works every turn; every cancel_check_s / 5 (at least
+        # poll_s) while requests are live, for their cancellation checks; every idle_poll_s with
+        # none, for the load table's heartbeat (within balancing's stale_s) and to notice stop().
+        # Engine output ends any wait.
         self.poll_s = poll_s
         self.idle_poll_s = idle_poll_s
         # Asking Triton whether a client cancelled is a round trip per request (as costly as sending
         # a chunk, by py-spy in the llm stub at 16 streams): each live request is asked at most once
-        # per cancel_check_s, so a cancelled request runs on for at most that long (plus a step).
+        # per cancel_check_s (one behind an ensemble once: _Live says why), so a cancelled request
+        # runs on for at most that long plus a turn.
         self.cancel_check_s = cancel_check_s
         self.delivery = delivery
         self.clock = clock
@@ -259,8 +268,9 @@ class GenerationLoop:
         # Registered and added as one step, so a cancellation check cannot fall in between and
         # cancel in the engine a request it does not have yet.
         with self._lock:
-            self._live[request_id] = _Live(request_id, handle, completion, self.clock(),
-                                           behind_ensemble=request.delivery_acknowledged)
+            behind_ensemble = request.delivery_acknowledged
+            self._live[request_id] = _Live(request_id, handle, completion,
+                                           -math.inf if behind_ensemble else self.clock(), behind_ensemble)
             try:
                 self.engine.add(request_id, request.prompt_ids, params)
             except Exception:
@@ -301,7 +311,7 @@ class GenerationLoop:
             self.step()
 
     def step(self) -> None:
-        """One turn of the loop: waits up to poll_s for the engine's new tokens, then processes them."""
+        """One turn of the loop: waits up to _wait_s() for the engine's new tokens, then processes them."""
         try:
             outputs = self.engine.outputs(self._wait_s())
         except Exception as error:  # the engine cannot generate: no request may wait forever
@@ -322,7 +332,7 @@ class GenerationLoop:
     def _wait_s(self) -> float:
         # Read without the lock: a stale answer costs one wait of the wrong length, and a request
         # submitted meanwhile ends the wait with its first output.
-        if self._held or self._finishing or self.hooks is not None:
+        if self._held or self._finishing or self.hooks is not None and self.hooks.works_every_turn:
             return self.poll_s
         if self._live:
             return max(self.poll_s, self.cancel_check_s / 5)
@@ -405,9 +415,9 @@ class GenerationLoop:
                 self._send(live, live.completion.cancel())
 
     def _cancel_check_due(self, live: _Live, now: float) -> bool:
-        if now - live.cancel_checked < self.cancel_check_s or live.behind_ensemble and live.asked:
+        if now - live.cancel_checked < self.cancel_check_s:
             return False
-        live.cancel_checked, live.asked = now, True
+        live.cancel_checked = now
         return True
 
     def _retire(self, request_id: str, cancel_engine: bool) -> None:
@@ -453,7 +463,9 @@ class GenerationLoop:
 
     def _is_cancelled(self, live: _Live) -> bool:
         try:
-            return bool(self.responder.is_cancelled(live.handle))
+            ask_client = not (live.behind_ensemble and live.asked_client)
+            live.asked_client = True
+            return bool(self.responder.is_cancelled(live.handle, ask_client=ask_client))
         except Exception:
             logger.exception("checking for cancellation failed")
             return True

@@ -161,11 +161,13 @@ class ModelLoadMetrics:
 
     def update(self) -> ModelLoad:
         ranks = self.ranks()
-        queued = self.queued() if any(rank.active_sequences for rank in ranks) else 0
-        if queued is None and not self._queue_unknown:
-            logger.warning("Triton's queue of the model cannot be read from its metrics endpoint: %s counts only "
-                           "what the ranks hold", MODEL_GAUGES["waiting_requests"].name)
-        self._queue_unknown = queued is None
+        queued = 0
+        if any(rank.active_sequences for rank in ranks):
+            queued = self.queued()
+            if queued is None and not self._queue_unknown:
+                logger.warning("Triton's queue of the model cannot be read from its metrics endpoint: %s counts "
+                               "only what the ranks hold", MODEL_GAUGES["waiting_requests"].name)
+            self._queue_unknown = queued is None
         load = ModelLoad.of(ranks, queued or 0)
         for field, gauge in self.gauges:
             if self._last is None or getattr(load, field) != getattr(self._last, field):

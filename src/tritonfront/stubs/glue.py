@@ -121,8 +121,8 @@ class StreamResponder:
         handle[1].send(error_response(error), flags=FINAL)
 
     @staticmethod
-    def is_cancelled(handle: tuple) -> bool:
-        return handle[0].is_cancelled()
+    def is_cancelled(handle: tuple, ask_client: bool = True) -> bool:
+        return ask_client and handle[0].is_cancelled()
 
 
 class Metrics:

@@ -22,6 +22,8 @@ step_timed = load_adapter(Path(__file__).resolve().parents[2] / "llm_step_timed"
 
 
 class PrepareInLoop(step_timed.StepTimer):
+    works_every_turn = True  # a request handed over waits for the loop's next turn
+
     def __init__(self, observe):
         super().__init__(observe)
         self.received = collections.deque()  # (handle, prepare) in arrival order
