@@ -377,3 +377,25 @@ def test_what_the_engine_cannot_do_is_refused_by_name(gguf):
                       EngineConfig(max_num_seqs=100000, gguf_file=str(gguf)))
     with pytest.raises(ValueError, match="runs on CPU instances"):
         create_engine("llama_cpp", model_sources.llm_model_dir(), "cuda:0", EngineConfig(gguf_file=str(gguf)))
+
+
+def test_the_engine_is_built_on_a_thread_that_has_ended(gguf, monkeypatch):
+    """Its warm-up decode starts an OpenMP pool on the thread that builds it; that thread must be
+    gone before the engine computes, or each decode on the engine thread runs beside a second pool
+    (2-3x slower on 2 cores: engines/__init__.py)."""
+    import threading
+
+    from tritonfront.engines.llama_cpp import LlamaCppEngine
+
+    warmed_on = []
+    original = LlamaCppEngine._warm_up
+    monkeypatch.setattr(LlamaCppEngine, "_warm_up", lambda self: (warmed_on.append(threading.current_thread()),
+                                                                  original(self)))
+    built = create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu",
+                          EngineConfig(kv_cache_tokens=1024, max_num_seqs=2, num_threads=2, gguf_file=str(gguf)))
+    try:
+        (builder,) = warmed_on
+        assert builder is not threading.current_thread() and not builder.is_alive()
+        assert len(generated(built, {"after": ([100, 200, 300], SamplingParams(max_tokens=3))})["after"]) >= 1
+    finally:
+        built.shutdown()
