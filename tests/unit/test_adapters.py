@@ -423,7 +423,9 @@ def test_llm_engine_refusal_is_internal_and_final(pb_utils, llm):
     assert error_of(response) == (pb_utils.TritonError.INTERNAL, "RuntimeError: the engine is not accepting requests")
 
 
-@pytest.mark.parametrize("llm", [{"step_s": 0.01}], indirect=True)
+# 50 steps of 50 ms: a direct request is asked about cancellation every 0.5 s, so it must outlast
+# that by far (50 steps of 10 ms once finished first on a clean-clone run).
+@pytest.mark.parametrize("llm", [{"step_s": 0.05}], indirect=True)
 def test_llm_cancellation_ends_the_request_and_is_counted(pb_utils, llm):
     model, engine, name = llm
     request = generation(pb_utils, 50)

@@ -82,7 +82,10 @@ def until_term(then: str = "exit 0") -> str:
     signal may come before it could be killed. It outlasts every wait of the tests (up to 30 + 30
     s for the stand-ins' records, 60 s for serve.sh's exit): a stand-in that ended by itself would
     exit 0 before the signal came. With a 60 s sleep, a clean-clone run under load once saw serve.sh
-    exit 0 instead of the server's 7 with nothing on stderr, which that explains (not reproduced)."""
+    exit 0 instead of the server's 7 with nothing on stderr, which that explains (not reproduced).
+    `then` must exit: a TERM that comes after `record` but before the sleep starts runs the trap
+    first, and a trap that returned would leave the stand-in to sleep its 600 s (a clean-clone run
+    once saw serve.sh wait on such a server until the test's 60 s ran out)."""
     return (f"trap {shlex.quote(f'kill $! 2>/dev/null; {then}')} TERM; {RECORD}; "
             "sleep 600 </dev/null >/dev/null 2>&1 & wait")
 
@@ -344,7 +347,7 @@ def test_a_companion_that_exits_stops_the_server_and_fails_serve_sh(fake_triton,
     result = subprocess.run(["bash", str(SCRIPTS / "serve.sh")], capture_output=True, text=True, timeout=60,
                             env=serve_env(fake_triton, tmp_path,
                                           FAKE_FRONT_THEN=after_file("FAKE_TRITONSERVER_ARGS", f"{RECORD}; exit 0"),
-                                          FAKE_TRITONSERVER_THEN=until_term(f"touch {shlex.quote(str(stopped))}")))
+                                          FAKE_TRITONSERVER_THEN=until_term(f"touch {shlex.quote(str(stopped))}; exit 0")))
     assert result.returncode == 1  # the server stopped cleanly, but serving ended because a companion did
     front = (tmp_path / "front args.pid").read_text().strip()
     assert f"serve.sh: openai (pid {front}) exited with status 0; stopping tritonserver" in result.stderr
