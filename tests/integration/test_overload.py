@@ -71,8 +71,10 @@ async def wait_for(condition, timeout: float = 120.0) -> None:
 
 
 def test_512_embed_requests_wait_and_a_flood_past_its_deadline_is_rejected_at_it(server):
-    # ~60-token texts: the 512 keep 2 cores busy for well over the flood's deadline (~25-60 texts/s here).
-    texts = synthetic_texts(512, 60, seed=12)
+    # ~200-token texts: the 512 keep 2 cores busy for several times the flood's deadline (~30 texts/s
+    # on a fast 2-core machine). With 60-token ones one machine served them in 5 s, and flood requests
+    # that reached the queue late found it drained and were served: no rejection to check.
+    texts = synthetic_texts(512, 200, seed=12)
     flood = [texts[(7 * i) % len(texts)] for i in range(200)]
 
     async def main():
@@ -84,9 +86,9 @@ def test_512_embed_requests_wait_and_a_flood_past_its_deadline_is_rejected_at_it
             waiting = [send(text) for text in texts]  # no deadline of their own: the queues' 60 s
             await asyncio.sleep(1.0)
             # Behind ~500 of them in the encoder's queue: most of these cannot start within 2 s.
-            flooding = [send(text, int(DEADLINE_S * 1e6)) for text in flood]
             over_http = [asyncio.create_task(asyncio.to_thread(http_embed, server.http_url, text, DEADLINE_S))
                          for text in flood[:8]]
+            flooding = [send(text, int(DEADLINE_S * 1e6)) for text in flood]
             outcomes = await asyncio.wait_for(asyncio.gather(*waiting), NO_ANSWER_S)
             flooded = await asyncio.wait_for(asyncio.gather(*flooding), NO_ANSWER_S)
             http_answers = await asyncio.gather(*over_http)
