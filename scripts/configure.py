@@ -8,6 +8,7 @@ code is never copied.
     scripts/configure.py --out /tmp/deploy --dp 2 --detokenizers 4
     scripts/configure.py --out /tmp/deploy --gpus 0,1 --engine tensorrt_llm
     scripts/configure.py --out /tmp/deploy --queue encoder=256:2000 --queue llm=128:30000
+    scripts/configure.py --out /tmp/deploy --queue-delay llm_tokenizer=2000 --queue-delay llm=2000
     TRITONFRONT_REPOSITORIES=/tmp/deploy/model_repository:/tmp/deploy/ensembles scripts/serve.sh
 """
 import argparse
@@ -81,6 +82,10 @@ def set_queue(config, spec: str) -> None:
         policy.default_timeout_microseconds = int(timeout_ms) * 1000
 
 
+def set_queue_delay(config, microseconds: str) -> None:
+    config.dynamic_batching.max_queue_delay_microseconds = int(microseconds)
+
+
 def set_parameter(config, key: str, value: str) -> None:
     config.parameters[key].string_value = value
 
@@ -91,6 +96,7 @@ def configure(args) -> Path:
               "llm_tokenizer": args.tokenizers, "encoder": args.encoders, "pooler": args.poolers}
     overrides = [item.partition("=") for item in args.set]
     queues = dict(item.split("=", 1) for item in args.queue)
+    delays = dict(item.split("=", 1) for item in args.queue_delay)
     for repository in REPOSITORIES:
         target = out / repository
         if target.exists():
@@ -108,10 +114,15 @@ def configure(args) -> Path:
             if name == "llm" and sum(group.count or 1 for group in config.instance_group) > 1:
                 # Several ranks: one request per execute, so that the balancing gate (or Triton's
                 # own placement) spreads a burst over them; a batch would all go to one rank. One
-                # rank takes every queued request per execute (its config.pbtxt says why).
+                # rank takes every queued request per execute (its config.pbtxt says why). Nor does
+                # a burst wait to join one execute then: with the delay, two ranks' outstanding
+                # tokens were 24:1 apart (test_dp_ranks_stay_balanced_by_tokens allows 2).
                 config.dynamic_batching.preferred_batch_size[:] = [1]
+                config.dynamic_batching.max_queue_delay_microseconds = 0
             if name in queues:
                 set_queue(config, queues[name])
+            if name in delays:
+                set_queue_delay(config, delays[name])
             engine = args.engine or next((value for key, _, value in overrides if key == "llm.engine"), None)
             if engine and name == "llm":
                 set_parameter(config, "engine", engine)
@@ -171,18 +182,30 @@ def check_overrides(parser, items: list[str]) -> None:
             parser.error(f"--set {item!r}: {error}")
 
 
+def batcher_item(parser, flag: str, item: str, shape: str, lacks: str) -> str:
+    """MODEL=VALUE for a model with a dynamic batcher: its VALUE, or the parser's error."""
+    model, equals, value = item.partition("=")
+    if not equals or model not in CONFIGS:
+        parser.error(f"{flag} {item!r}: expected {shape} with MODEL one of {', '.join(CONFIGS)}")
+    if CONFIGS[model].NO_BATCHER:
+        parser.error(f"{flag} {item!r}: {model} has {lacks} (model_repository/{model}/config.pbtxt says why)")
+    return value
+
+
 def check_queues(parser, items: list[str]) -> None:
     for item in items:
-        model, equals, spec = item.partition("=")
-        if not equals or model not in CONFIGS:
-            parser.error(f"--queue {item!r}: expected MODEL=SIZE[:TIMEOUT_MS] with MODEL one of {', '.join(CONFIGS)}")
-        if CONFIGS[model].NO_BATCHER:
-            parser.error(f"--queue {item!r}: {model} has no queue policy (no dynamic batcher: "
-                         f"model_repository/{model}/config.pbtxt says why)")
+        spec = batcher_item(parser, "--queue", item, "MODEL=SIZE[:TIMEOUT_MS]", "no queue policy, no dynamic batcher")
         size, _, timeout_ms = spec.partition(":")
         for name, text in (("SIZE", size), ("TIMEOUT_MS", timeout_ms or "1")):
             if not text.isdigit() or int(text) < 1:
                 parser.error(f"--queue {item!r}: {name} must be an integer >= 1, got {text!r}")
+
+
+def check_queue_delays(parser, items: list[str]) -> None:
+    for item in items:
+        microseconds = batcher_item(parser, "--queue-delay", item, "MODEL=MICROSECONDS", "no dynamic batcher")
+        if not microseconds.isdigit():
+            parser.error(f"--queue-delay {item!r}: MICROSECONDS must be an integer >= 0, got {microseconds!r}")
 
 
 def main(argv=None) -> None:
@@ -202,11 +225,16 @@ def main(argv=None) -> None:
                         help="queue policy: requests beyond SIZE are rejected at once, and one waiting "
                              "longer than TIMEOUT_MS is rejected; size it from the measured capacity "
                              "(perf/bench_overload.py) times the longest acceptable wait")
+    parser.add_argument("--queue-delay", action="append", default=[], metavar="MODEL=MICROSECONDS",
+                        help="the dynamic batcher's max_queue_delay_microseconds: how long the first queued "
+                             "request waits for others to join its batch (perf/bench_bursts.py measures "
+                             "what it buys and costs)")
     args = parser.parse_args(argv)
     if args.gpus and args.dp:
         parser.error("--dp is the number of GPUs when --gpus is given")
     check_overrides(parser, args.set)
     check_queues(parser, args.queue)
+    check_queue_delays(parser, args.queue_delay)
     out = configure(args)
     print(f'TRITONFRONT_REPOSITORIES="{out}/model_repository:{out}/ensembles"')
 

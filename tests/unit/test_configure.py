@@ -29,7 +29,10 @@ def refused(capsys, tmp_path, *args) -> str:
     (["--queue", "llmm=1"], "--queue 'llmm=1': expected MODEL=SIZE[:TIMEOUT_MS] with MODEL one of"),
     (["--queue", "llm=0"], "SIZE must be an integer >= 1, got '0'"),
     (["--queue", "llm=8:-5"], "TIMEOUT_MS must be an integer >= 1, got '-5'"),
-    (["--queue", "detokenizer=64"], "--queue 'detokenizer=64': detokenizer has no queue policy (no dynamic batcher"),
+    (["--queue", "detokenizer=64"], "--queue 'detokenizer=64': detokenizer has no queue policy, no dynamic batcher"),
+    (["--queue-delay", "llm=-1"], "--queue-delay 'llm=-1': MICROSECONDS must be an integer >= 0, got '-1'"),
+    (["--queue-delay", "llm"], "--queue-delay 'llm': expected MODEL=MICROSECONDS with MODEL one of"),
+    (["--queue-delay", "detokenizer=100"], "--queue-delay 'detokenizer=100': detokenizer has no dynamic batcher"),
     (["--dp", "0"], "argument --dp: 0 is below 1"),
     (["--detokenizers", "-2"], "argument --detokenizers: -2 is below 1"),
     (["--encoders", "two"], "argument --encoders: 'two' is not an integer"),
@@ -44,12 +47,15 @@ def test_refuses_and_names_what_is_wrong(capsys, tmp_path, args, message):
 
 def test_accepted_values_reach_the_configs(tmp_path):
     out = tmp_path / "deploy"
-    configure.main(["--out", str(out), "--dp", "2", "--set", "llm.balancing=none", "--queue", "encoder=512:20000"])
+    configure.main(["--out", str(out), "--dp", "2", "--set", "llm.balancing=none", "--queue", "encoder=512:20000",
+                    "--queue-delay", "llm_tokenizer=1500"])
     llm = configure.load(out / "model_repository" / "llm" / "config.pbtxt")
     encoder = configure.load(out / "model_repository" / "encoder" / "config.pbtxt")
+    llm_tokenizer = configure.load(out / "model_repository" / "llm_tokenizer" / "config.pbtxt")
     assert llm.instance_group[0].count == 2 and llm.parameters["balancing"].string_value == "none"
     policy = encoder.dynamic_batching.default_queue_policy
     assert (policy.max_queue_size, policy.default_timeout_microseconds) == (512, 20_000_000)
+    assert llm_tokenizer.dynamic_batching.max_queue_delay_microseconds == 1500
 
 
 def test_several_llm_ranks_take_one_request_per_execute_and_one_rank_takes_batches(tmp_path):
@@ -62,6 +68,10 @@ def test_several_llm_ranks_take_one_request_per_execute_and_one_rank_takes_batch
     dp1 = configure.load(tmp_path / "dp1" / "model_repository" / "llm" / "config.pbtxt")
     assert list(dp2.dynamic_batching.preferred_batch_size) == [1]
     assert list(dp1.dynamic_batching.preferred_batch_size) == []
+    # One rank waits for a burst to join one execute; several take requests as they come.
+    assert committed.dynamic_batching.max_queue_delay_microseconds > 0
+    assert dp1.dynamic_batching.max_queue_delay_microseconds == committed.dynamic_batching.max_queue_delay_microseconds
+    assert dp2.dynamic_batching.max_queue_delay_microseconds == 0
 
 
 def test_llama_cpp_ranks_each_get_the_engine_and_a_share_of_the_cores(tmp_path):
