@@ -114,9 +114,10 @@ def configure(args) -> Path:
             if name == "llm" and sum(group.count or 1 for group in config.instance_group) > 1:
                 # Several ranks: one request per execute, so that the balancing gate (or Triton's
                 # own placement) spreads a burst over them; a batch would all go to one rank. One
-                # rank takes every queued request per execute (its config.pbtxt says why). Nor does
-                # a burst wait to join one execute then: with the delay, two ranks' outstanding
-                # tokens were 24:1 apart (test_dp_ranks_stay_balanced_by_tokens allows 2).
+                # rank takes every queued request per execute (its config.pbtxt says why). The
+                # single rank's burst wait has to go too: with a queue delay Triton's batcher does
+                # not close a batch at the preferred size and keeps adding queued requests to the
+                # one it handed a rank (test_dp_ranks_stay_balanced_by_tokens: ranks 24:1 apart).
                 config.dynamic_batching.preferred_batch_size[:] = [1]
                 config.dynamic_batching.max_queue_delay_microseconds = 0
             if name in queues:
@@ -228,13 +229,18 @@ def main(argv=None) -> None:
     parser.add_argument("--queue-delay", action="append", default=[], metavar="MODEL=MICROSECONDS",
                         help="the dynamic batcher's max_queue_delay_microseconds: how long the first queued "
                              "request waits for others to join its batch (perf/bench_bursts.py measures "
-                             "what it buys and costs)")
+                             "what it buys and costs); 0 for the llm when it has several ranks")
     args = parser.parse_args(argv)
     if args.gpus and args.dp:
         parser.error("--dp is the number of GPUs when --gpus is given")
     check_overrides(parser, args.set)
     check_queues(parser, args.queue)
     check_queue_delays(parser, args.queue_delay)
+    ranks = len(args.gpus) if args.gpus else (args.dp or 1)
+    llm_delay = next((item.partition("=")[2] for item in reversed(args.queue_delay) if item.startswith("llm=")), "0")
+    if ranks > 1 and int(llm_delay) > 0:
+        parser.error(f"--queue-delay llm={llm_delay} with {ranks} llm ranks (--dp / --gpus): several ranks take one "
+                     "request per execute, and with a delay Triton's batcher hands one rank a whole burst")
     out = configure(args)
     print(f'TRITONFRONT_REPOSITORIES="{out}/model_repository:{out}/ensembles"')
 

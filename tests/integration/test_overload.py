@@ -71,10 +71,12 @@ async def wait_for(condition, timeout: float = 120.0) -> None:
 
 
 def test_512_embed_requests_wait_and_a_flood_past_its_deadline_is_rejected_at_it(server):
-    # ~200-token texts: the 512 keep 2 cores busy for several times the flood's deadline (~30 texts/s
-    # on a fast 2-core machine). With 60-token ones one machine served them in 5 s, and flood requests
-    # that reached the queue late found it drained and were served: no rejection to check.
-    texts = synthetic_texts(512, 200, seed=12)
+    # ~120-token texts: the 512 must outlast the flood's deadline several times over, and must all
+    # be served within the queues' 60 s. 2-core machines have embedded 60-token texts at 25-100
+    # texts/s (200-token ones at 35/s on the fastest): 120 tokens keeps the backlog between ~8 and
+    # ~45 s. With 60-token texts the fastest served all 512 in 5 s, and a flood request that
+    # reached the queue late found it drained and was served: no rejection left to check.
+    texts = synthetic_texts(512, 120, seed=12)
     flood = [texts[(7 * i) % len(texts)] for i in range(200)]
 
     async def main():
@@ -85,7 +87,9 @@ def test_512_embed_requests_wait_and_a_flood_past_its_deadline_is_rejected_at_it
             before = await embed_once(client, text_inputs([texts[-1]]), time.perf_counter())
             waiting = [send(text) for text in texts]  # no deadline of their own: the queues' 60 s
             await asyncio.sleep(1.0)
-            # Behind ~500 of them in the encoder's queue: most of these cannot start within 2 s.
+            # Behind ~500 of them in the encoder's queue: most of these cannot start within 2 s. The
+            # HTTP requests go out first, ahead of the 200 over gRPC: sent after them, all 8 were
+            # served once (60-token texts, a fast machine), and the HTTP check needs a rejection.
             over_http = [asyncio.create_task(asyncio.to_thread(http_embed, server.http_url, text, DEADLINE_S))
                          for text in flood[:8]]
             flooding = [send(text, int(DEADLINE_S * 1e6)) for text in flood]

@@ -33,6 +33,7 @@ def refused(capsys, tmp_path, *args) -> str:
     (["--queue-delay", "llm=-1"], "--queue-delay 'llm=-1': MICROSECONDS must be an integer >= 0, got '-1'"),
     (["--queue-delay", "llm"], "--queue-delay 'llm': expected MODEL=MICROSECONDS with MODEL one of"),
     (["--queue-delay", "detokenizer=100"], "--queue-delay 'detokenizer=100': detokenizer has no dynamic batcher"),
+    (["--dp", "2", "--queue-delay", "llm=500"], "--queue-delay llm=500 with 2 llm ranks (--dp / --gpus)"),
     (["--dp", "0"], "argument --dp: 0 is below 1"),
     (["--detokenizers", "-2"], "argument --detokenizers: -2 is below 1"),
     (["--encoders", "two"], "argument --encoders: 'two' is not an integer"),
