@@ -193,20 +193,33 @@ def batcher_item(parser, flag: str, item: str, shape: str, lacks: str) -> str:
     return value
 
 
+LARGEST = 2**63 - 1  # the config's 64-bit fields (queue size, microseconds)
+
+
+def whole_number(text: str, least: int, most: int = LARGEST) -> bool:
+    """Whether text is an integer from least to most (str.isdigit alone takes digits int()
+    refuses, such as superscripts)."""
+    try:
+        return least <= int(text) <= most and text.strip() == text
+    except ValueError:
+        return False
+
+
 def check_queues(parser, items: list[str]) -> None:
     for item in items:
         spec = batcher_item(parser, "--queue", item, "MODEL=SIZE[:TIMEOUT_MS]", "no queue policy, no dynamic batcher")
         size, _, timeout_ms = spec.partition(":")
-        for name, text in (("SIZE", size), ("TIMEOUT_MS", timeout_ms or "1")):
-            if not text.isdigit() or int(text) < 1:
-                parser.error(f"--queue {item!r}: {name} must be an integer >= 1, got {text!r}")
+        # The timeout is written in microseconds.
+        for name, text, most in (("SIZE", size, LARGEST), ("TIMEOUT_MS", timeout_ms or "1", LARGEST // 1000)):
+            if not whole_number(text, 1, most):
+                parser.error(f"--queue {item!r}: {name} must be an integer from 1 to {most}, got {text!r}")
 
 
 def check_queue_delays(parser, items: list[str]) -> None:
     for item in items:
         microseconds = batcher_item(parser, "--queue-delay", item, "MODEL=MICROSECONDS", "no dynamic batcher")
-        if not microseconds.isdigit():
-            parser.error(f"--queue-delay {item!r}: MICROSECONDS must be an integer >= 0, got {microseconds!r}")
+        if not whole_number(microseconds, 0):
+            parser.error(f"--queue-delay {item!r}: MICROSECONDS must be an integer from 0 to {LARGEST}, got {microseconds!r}")
 
 
 def main(argv=None) -> None:
