@@ -86,6 +86,11 @@ def set_queue_delay(config, microseconds: str) -> None:
     config.dynamic_batching.max_queue_delay_microseconds = int(microseconds)
 
 
+def queue_below_a_batch(config) -> bool:
+    size = config.dynamic_batching.default_queue_policy.max_queue_size
+    return 0 < size < config.max_batch_size
+
+
 def set_parameter(config, key: str, value: str) -> None:
     config.parameters[key].string_value = value
 
@@ -122,6 +127,11 @@ def configure(args) -> Path:
                 config.dynamic_batching.max_queue_delay_microseconds = 0
             if name in queues:
                 set_queue(config, queues[name])
+                if name not in delays and queue_below_a_batch(config):
+                    # A burst waits out the delay in the queue, where it counts against the size:
+                    # with a queue smaller than a batch, requests the instances have room for would
+                    # be turned away during the wait.
+                    config.dynamic_batching.max_queue_delay_microseconds = 0
             if name in delays:
                 set_queue_delay(config, delays[name])
             engine = args.engine or next((value for key, _, value in overrides if key == "llm.engine"), None)
@@ -249,6 +259,12 @@ def main(argv=None) -> None:
     check_overrides(parser, args.set)
     check_queues(parser, args.queue)
     check_queue_delays(parser, args.queue_delay)
+    sizes = {model: int(spec.partition(":")[0]) for model, _, spec in (item.partition("=") for item in args.queue)}
+    for model, _, microseconds in (item.partition("=") for item in args.queue_delay):
+        batch = load(ROOT / "model_repository" / model / "config.pbtxt").max_batch_size
+        if int(microseconds) > 0 and sizes.get(model, batch) < batch:
+            parser.error(f"--queue-delay {model}={microseconds} with --queue {model}={sizes[model]}: requests wait "
+                         f"out the delay in the queue, which must hold a batch ({batch}) for them")
     ranks = len(args.gpus) if args.gpus else (args.dp or 1)
     llm_delay = next((item.partition("=")[2] for item in reversed(args.queue_delay) if item.startswith("llm=")), "0")
     if ranks > 1 and int(llm_delay) > 0:

@@ -36,6 +36,8 @@ def refused(capsys, tmp_path, *args) -> str:
     (["--queue-delay", "llm"], "--queue-delay 'llm': expected MODEL=MICROSECONDS with MODEL one of"),
     (["--queue-delay", "detokenizer=100"], "--queue-delay 'detokenizer=100': detokenizer has no dynamic batcher"),
     (["--dp", "2", "--queue-delay", "llm=500"], "--queue-delay llm=500 with 2 llm ranks (--dp / --gpus)"),
+    (["--queue", "llm=8", "--queue-delay", "llm=500"],
+     "--queue-delay llm=500 with --queue llm=8: requests wait out the delay in the queue, which must hold a batch (64)"),
     (["--dp", "0"], "argument --dp: 0 is below 1"),
     (["--detokenizers", "-2"], "argument --detokenizers: -2 is below 1"),
     (["--encoders", "two"], "argument --encoders: 'two' is not an integer"),
@@ -59,6 +61,16 @@ def test_accepted_values_reach_the_configs(tmp_path):
     policy = encoder.dynamic_batching.default_queue_policy
     assert (policy.max_queue_size, policy.default_timeout_microseconds) == (512, 20_000_000)
     assert llm_tokenizer.dynamic_batching.max_queue_delay_microseconds == 1500
+
+
+def test_a_queue_smaller_than_a_batch_takes_no_delay(tmp_path):
+    """A burst waiting its delay in a queue of 1 would turn away requests the rank has room for."""
+    configure.main(["--out", str(tmp_path / "small"), "--queue", "llm=1", "--queue", "llm_tokenizer=64"])
+    llm = configure.load(tmp_path / "small" / "model_repository" / "llm" / "config.pbtxt")
+    llm_tokenizer = configure.load(tmp_path / "small" / "model_repository" / "llm_tokenizer" / "config.pbtxt")
+    committed = configure.load(ROOT / "model_repository" / "llm_tokenizer" / "config.pbtxt")
+    assert llm.dynamic_batching.max_queue_delay_microseconds == 0
+    assert llm_tokenizer.dynamic_batching.max_queue_delay_microseconds == committed.dynamic_batching.max_queue_delay_microseconds > 0
 
 
 def test_several_llm_ranks_take_one_request_per_execute_and_one_rank_takes_batches(tmp_path):
