@@ -86,26 +86,44 @@ def set_queue_delay(config, microseconds: str) -> None:
     config.dynamic_batching.max_queue_delay_microseconds = int(microseconds)
 
 
-def queue_below_a_batch(config) -> bool:
+def llm_ranks(config) -> int:
+    return sum(group.count or 1 for group in config.instance_group)
+
+
+def delay_conflict(name: str, config) -> str:
+    """Why this model's batcher must not wait for a burst, or "" when it may."""
+    if name == "llm" and llm_ranks(config) > 1:
+        # With a queue delay Triton's batcher does not close a batch at the preferred size and
+        # keeps adding queued requests to the one it handed a rank
+        # (test_dp_ranks_stay_balanced_by_tokens: ranks 24:1 apart).
+        return (f"with {llm_ranks(config)} llm ranks (--dp / --gpus): several ranks take one request per execute, "
+                "and with a delay Triton's batcher hands one rank a whole burst")
     size = config.dynamic_batching.default_queue_policy.max_queue_size
-    return 0 < size < config.max_batch_size
+    if 0 < size < config.max_batch_size:
+        # A burst waits out the delay in the queue, where it counts against the size.
+        return (f"with --queue {name}={size}: requests wait out the delay in the queue, which must hold a batch "
+                f"({config.max_batch_size}) for them")
+    return ""
+
+
+class DelayConflict(Exception):
+    """An explicit --queue-delay that the rest of the deployment rules out (delay_conflict)."""
 
 
 def set_parameter(config, key: str, value: str) -> None:
     config.parameters[key].string_value = value
 
 
-def configure(args) -> Path:
-    out = Path(args.out).resolve()
+def build(args) -> list[tuple[str, Path, model_config_pb2.ModelConfig]]:
+    """(repository, committed model folder, rewritten config) of every model; raises
+    DelayConflict before anything is written."""
     counts = {"llm": args.dp, "detokenizer": args.detokenizers, "tokenizer": args.tokenizers,
               "llm_tokenizer": args.tokenizers, "encoder": args.encoders, "pooler": args.poolers}
     overrides = [item.partition("=") for item in args.set]
     queues = dict(item.split("=", 1) for item in args.queue)
     delays = dict(item.split("=", 1) for item in args.queue_delay)
+    built = []
     for repository in REPOSITORIES:
-        target = out / repository
-        if target.exists():
-            shutil.rmtree(target)
         for model_dir in sorted((ROOT / repository).iterdir()):
             config_file = model_dir / "config.pbtxt"
             if not config_file.exists():
@@ -116,24 +134,20 @@ def configure(args) -> Path:
                 set_count(config, counts[name])
             if args.gpus and name in GPU_MODELS:
                 place_on_gpus(config, args.gpus, one_group_per_gpu=name == "llm")
-            if name == "llm" and sum(group.count or 1 for group in config.instance_group) > 1:
+            if name == "llm" and llm_ranks(config) > 1:
                 # Several ranks: one request per execute, so that the balancing gate (or Triton's
                 # own placement) spreads a burst over them; a batch would all go to one rank. One
-                # rank takes every queued request per execute (its config.pbtxt says why). The
-                # single rank's burst wait has to go too: with a queue delay Triton's batcher does
-                # not close a batch at the preferred size and keeps adding queued requests to the
-                # one it handed a rank (test_dp_ranks_stay_balanced_by_tokens: ranks 24:1 apart).
+                # rank takes every queued request per execute (its config.pbtxt says why).
                 config.dynamic_batching.preferred_batch_size[:] = [1]
-                config.dynamic_batching.max_queue_delay_microseconds = 0
             if name in queues:
                 set_queue(config, queues[name])
-                if name not in delays and queue_below_a_batch(config):
-                    # A burst waits out the delay in the queue, where it counts against the size:
-                    # with a queue smaller than a batch, requests the instances have room for would
-                    # be turned away during the wait.
-                    config.dynamic_batching.max_queue_delay_microseconds = 0
             if name in delays:
                 set_queue_delay(config, delays[name])
+            conflict = delay_conflict(name, config) if config.dynamic_batching.max_queue_delay_microseconds else ""
+            if conflict and name in delays:
+                raise DelayConflict(f"--queue-delay {name}={delays[name]} {conflict}")
+            if conflict:  # the committed wait, which this deployment rules out
+                config.dynamic_batching.max_queue_delay_microseconds = 0
             engine = args.engine or next((value for key, _, value in overrides if key == "llm.engine"), None)
             if engine and name == "llm":
                 set_parameter(config, "engine", engine)
@@ -143,13 +157,24 @@ def configure(args) -> Path:
                 model, _, parameter = key.partition(".")
                 if model == name:
                     set_parameter(config, parameter, value)
-            (target / name).mkdir(parents=True)
-            (target / name / "config.pbtxt").write_text(
-                f"# Generated by scripts/configure.py from {config_file.relative_to(ROOT)}\n"
-                + text_format.MessageToString(config))
-            for version in model_dir.iterdir():
-                if version.is_dir():
-                    (target / name / version.name).symlink_to(version)
+            built.append((repository, model_dir, config))
+    return built
+
+
+def write(out: Path, built) -> Path:
+    out = out.resolve()
+    for repository in REPOSITORIES:
+        if (out / repository).exists():
+            shutil.rmtree(out / repository)
+    for repository, model_dir, config in built:
+        target = out / repository / (config.name or model_dir.name)
+        target.mkdir(parents=True)
+        (target / "config.pbtxt").write_text(
+            f"# Generated by scripts/configure.py from {(model_dir / 'config.pbtxt').relative_to(ROOT)}\n"
+            + text_format.MessageToString(config))
+        for version in model_dir.iterdir():
+            if version.is_dir():
+                (target / version.name).symlink_to(version)
     return out
 
 
@@ -259,18 +284,11 @@ def main(argv=None) -> None:
     check_overrides(parser, args.set)
     check_queues(parser, args.queue)
     check_queue_delays(parser, args.queue_delay)
-    sizes = {model: int(spec.partition(":")[0]) for model, _, spec in (item.partition("=") for item in args.queue)}
-    for model, _, microseconds in (item.partition("=") for item in args.queue_delay):
-        batch = load(ROOT / "model_repository" / model / "config.pbtxt").max_batch_size
-        if int(microseconds) > 0 and sizes.get(model, batch) < batch:
-            parser.error(f"--queue-delay {model}={microseconds} with --queue {model}={sizes[model]}: requests wait "
-                         f"out the delay in the queue, which must hold a batch ({batch}) for them")
-    ranks = len(args.gpus) if args.gpus else (args.dp or 1)
-    llm_delay = next((item.partition("=")[2] for item in reversed(args.queue_delay) if item.startswith("llm=")), "0")
-    if ranks > 1 and int(llm_delay) > 0:
-        parser.error(f"--queue-delay llm={llm_delay} with {ranks} llm ranks (--dp / --gpus): several ranks take one "
-                     "request per execute, and with a delay Triton's batcher hands one rank a whole burst")
-    out = configure(args)
+    try:
+        built = build(args)
+    except DelayConflict as conflict:
+        parser.error(str(conflict))
+    out = write(Path(args.out), built)
     print(f'TRITONFRONT_REPOSITORIES="{out}/model_repository:{out}/ensembles"')
 
 
