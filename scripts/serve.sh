@@ -22,9 +22,14 @@
 # Extra arguments are passed to tritonserver; --model-control-mode or --load-model among them replace
 # the watchdog's explicit control of every model (the watchdog needs explicit mode to reload).
 #
+#   TRITONFRONT_DRAIN_TIMEOUT              seconds a SIGTERM waits for the requests in flight to end before
+#                                          tritonserver is told to stop (default 30; 0: no wait)
 # With companions, this script supervises: it forwards SIGTERM, SIGINT and SIGHUP to every process,
 # stops them all when one exits, and exits with tritonserver's status (or, when a companion exited
-# first, with that companion's, never 0). Without companions it becomes tritonserver (exec).
+# first, with that companion's, never 0). A SIGTERM (docker stop, Kubernetes) is forwarded once
+# nothing is in flight or TRITONFRONT_DRAIN_TIMEOUT passed, since Triton cannot finish a stream once
+# it stops (tritonfront.watchdog.drain says why); a second SIGTERM, SIGINT and SIGHUP forward at
+# once. Without companions it becomes tritonserver (exec), which stops at once.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 if [ ! -x "${TRITONSERVER:-}" ]; then
@@ -94,6 +99,11 @@ if [ "$watchdog" != 1 ] && [ "$watchdog" != 0 ]; then
   echo "TRITONFRONT_WATCHDOG='$watchdog': it must be 1 (the stub watchdog runs) or 0" >&2
   exit 1
 fi
+DRAIN_TIMEOUT="${TRITONFRONT_DRAIN_TIMEOUT:-30}"
+if [[ ! "$DRAIN_TIMEOUT" =~ ^[0-9]+$ ]]; then
+  echo "TRITONFRONT_DRAIN_TIMEOUT='$DRAIN_TIMEOUT': it must be a whole number of seconds (0: no wait)" >&2
+  exit 1
+fi
 mode=explicit previous=""
 for arg in "$@"; do
   case "$arg" in
@@ -140,7 +150,27 @@ stop_all() {
   for pid in "${!names[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
 }
 signals=0  # trapped so far: a `wait` they interrupt is waited again
-trap 'signals=$((signals + 1)); stop_all' TERM INT HUP
+drainer=""  # the pid of tritonfront.watchdog.drain while a SIGTERM waits for it
+start_drain() {
+  local host="$BIND_ADDRESS"
+  case "$host" in 0.0.0.0) host=127.0.0.1 ;; ::) host="[::1]" ;; *:*) host="[$host]" ;; esac
+  "$VENV/bin/python" -m tritonfront.watchdog.drain --timeout "$DRAIN_TIMEOUT" \
+    --metrics-url "http://$host:${METRICS_PORT:-8002}/metrics" &
+  drainer=$!
+}
+on_term() {
+  signals=$((signals + 1))
+  if [ "$signals" = 1 ] && [ "$DRAIN_TIMEOUT" != 0 ] && [ -z "${first:-}" ]; then
+    start_drain
+  else
+    if [ -n "$drainer" ]; then kill -TERM "$drainer" 2>/dev/null || true; fi
+    stop_all
+  fi
+  # No `return` in here: in a trap it returns the status of the `wait` the signal interrupted (143),
+  # on which set -e ends this script.
+}
+trap on_term TERM
+trap 'signals=$((signals + 1)); stop_all' INT HUP
 "${server[@]}" &
 server_pid=$!
 names[$server_pid]=tritonserver
@@ -152,9 +182,15 @@ done
 first=""
 while [ -z "$first" ]; do
   exited=""
-  wait -n -p exited "${!names[@]}" && first_status=0 || first_status=$?
+  wait -n -p exited "${!names[@]}" ${drainer:+"$drainer"} && first_status=0 || first_status=$?
+  if [ -n "$drainer" ] && [ "${exited:-}" = "$drainer" ]; then  # drained, or its timeout passed
+    drainer=""
+    stop_all
+    continue
+  fi
   first="${exited:-}"
 done
+if [ -n "$drainer" ]; then kill -TERM "$drainer" 2>/dev/null || true; fi
 if [ "$first" != "$server_pid" ] && [ "$signals" = 0 ]; then
   echo "serve.sh: ${names[$first]} (pid $first) exited with status $first_status; stopping tritonserver" >&2
 fi

@@ -58,7 +58,8 @@ def project_env(**overrides: str) -> dict:
     for key in ("TRITONFRONT_REPOSITORIES", "TRITONFRONT_TRITON_HOME", "BIND_ADDRESS", "HTTP_PORT",
                 "GRPC_PORT", "METRICS_PORT", "OPENAI_PORT", "TRITONFRONT_WATCHDOG", "TRITONFRONT_REPOSITORY_KEY",
                 "TRITONFRONT_DEV", "TRITONFRONT_TORCH", "TRITONFRONT_TORCH_CPU_INDEX", "TRITONFRONT_EMBED_MODEL",
-                "TRITONFRONT_LLM_MODEL", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VIRTUAL_ENV"):
+                "TRITONFRONT_LLM_MODEL", "TRITONFRONT_DRAIN_TIMEOUT", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                "VIRTUAL_ENV"):
         env.pop(key, None)
     env.update(overrides)
     return env
@@ -367,6 +368,83 @@ def test_serve_forwards_signals_and_keeps_the_server_status(fake_triton, tmp_pat
     process.send_signal(signal_number)
     assert process.wait(timeout=60) == 7, process.stderr.read()
     assert all(mark.exists() for mark in marks.values())
+
+
+class MetricsStandIn:
+    """Triton's metrics endpoint, showing `in_flight` unfinished llm requests."""
+
+    def __init__(self):
+        self.in_flight = 1
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = f'tritonfront_llm_active_sequences{{model="llm",rank="0"}} {stand_in.in_flight}\n'.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def metrics_stand_in():
+    stand_in = MetricsStandIn()
+    yield stand_in
+    stand_in.server.shutdown()
+
+
+def serving_until_term(fake_triton, tmp_path, metrics_port: int, **env: str) -> tuple[subprocess.Popen, Path]:
+    """serve.sh with a server that touches its mark on SIGTERM, once the server and front run."""
+    mark = tmp_path / "server got it"
+    process = subprocess.Popen(["bash", str(SCRIPTS / "serve.sh")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=serve_env(fake_triton, tmp_path, METRICS_PORT=str(metrics_port),
+                                             FAKE_TRITONSERVER_THEN=until_term(f"touch {shlex.quote(str(mark))}; exit 0"),
+                                             **env))
+    wait_for_file(tmp_path / "args")
+    wait_for_file(tmp_path / "front args")
+    return process, mark
+
+
+def test_sigterm_reaches_the_server_once_nothing_is_in_flight(fake_triton, tmp_path, metrics_stand_in):
+    process, mark = serving_until_term(fake_triton, tmp_path, metrics_stand_in.port)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(2)
+    assert not mark.exists(), "the server was told to stop with a request in flight"
+    metrics_stand_in.in_flight = 0
+    wait_for_file(mark, timeout=15)
+    assert process.wait(timeout=60) == 0
+    assert "serve.sh: drained in" in process.stderr.read().decode()
+
+
+def test_a_second_sigterm_or_the_drain_timeout_stops_at_once(fake_triton, tmp_path, metrics_stand_in):
+    process, mark = serving_until_term(fake_triton, tmp_path, metrics_stand_in.port)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(1)
+    process.send_signal(signal.SIGTERM)
+    wait_for_file(mark, timeout=5)
+    assert process.wait(timeout=60) == 0
+    mark.unlink()
+    (tmp_path / "args").unlink()
+    (tmp_path / "front args").unlink()
+    process, mark = serving_until_term(fake_triton, tmp_path, metrics_stand_in.port, TRITONFRONT_DRAIN_TIMEOUT="1")
+    process.send_signal(signal.SIGTERM)
+    wait_for_file(mark, timeout=10)
+    assert process.wait(timeout=60) == 0
+    assert "1 requests still in flight after" in process.stderr.read().decode()
+
+
+def test_serve_refuses_a_drain_timeout_that_is_not_whole_seconds(fake_triton, tmp_path):
+    result = subprocess.run(["bash", str(SCRIPTS / "serve.sh")], capture_output=True, text=True, timeout=60,
+                            env=serve_env(fake_triton, tmp_path, TRITONFRONT_DRAIN_TIMEOUT="2.5"))
+    assert result.returncode == 1
+    assert "TRITONFRONT_DRAIN_TIMEOUT='2.5': it must be a whole number of seconds" in result.stderr
 
 
 def test_the_image_serves_through_serve_sh_on_loopback(fake_triton, tmp_path):

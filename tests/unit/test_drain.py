@@ -1,0 +1,70 @@
+"""tritonfront.watchdog.drain's reading of Triton's metrics and its wait, on made-up metrics and a
+fake clock (the SIGTERM path through serve.sh: tests/integration/test_graceful_stop.py)."""
+import pytest
+
+from tritonfront.watchdog.drain import POLL_S, QUIET_S, drain, in_flight
+
+
+def metrics(rank0: int, rank1: int = 0, queued_llm: int = 0, queued_encoder: int = 0) -> str:
+    return f"""# HELP tritonfront_llm_active_sequences Unfinished requests
+# TYPE tritonfront_llm_active_sequences gauge
+tritonfront_llm_active_sequences{{model="llm",rank="0"}} {rank0}
+tritonfront_llm_active_sequences{{model="llm",rank="1"}} {rank1}
+# HELP tritonfront_llm_running_requests Unfinished requests that generated a token
+# TYPE tritonfront_llm_running_requests gauge
+tritonfront_llm_running_requests{{model="llm",rank="0"}} 7
+# HELP nv_inference_pending_request_count Instantaneous number of pending requests
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{{model="llm",version="1"}} {queued_llm}
+nv_inference_pending_request_count{{model="encoder",version="1"}} {queued_encoder}
+# HELP nv_inference_request_success Number of successful inference requests
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{{model="llm",version="1"}} 120
+"""
+
+
+def test_in_flight_counts_every_ranks_unfinished_requests_and_every_models_queue_only():
+    assert in_flight(metrics(3, 2, queued_llm=4, queued_encoder=1)) == 10
+    assert in_flight(metrics(0)) == 0
+    assert in_flight("") == 0  # a server without the llm: nothing of it in flight
+
+
+class FakeTime:
+    def __init__(self):
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_drained_once_nothing_was_in_flight_for_the_quiet_period():
+    time = FakeTime()
+    counts = iter([5, 2, 0, 1] + [0] * 100)  # a request arrives in the quiet period: it starts again
+    reads = []
+
+    def read() -> str:
+        reads.append(time.now)
+        return metrics(next(counts))
+
+    assert drain(read, timeout_s=30, clock=time.clock, sleep=time.sleep) == (True, 0)
+    quiet_from = reads[4]  # the read after the last busy one
+    assert quiet_from + QUIET_S <= time.now + 1e-9 <= quiet_from + QUIET_S + POLL_S + 1e-9
+
+
+def test_gives_up_at_the_timeout_with_the_last_count():
+    time = FakeTime()
+    assert drain(lambda: metrics(4, 1), timeout_s=2, clock=time.clock, sleep=time.sleep) == (False, 5)
+    assert time.now == pytest.approx(2, abs=POLL_S)
+
+
+@pytest.mark.parametrize("failure", [ConnectionRefusedError("refused"), ValueError("not metrics")])
+def test_unreadable_metrics_end_the_wait_at_once(failure):
+    def read() -> str:
+        raise failure
+
+    time = FakeTime()
+    assert drain(read, timeout_s=30, clock=time.clock, sleep=time.sleep) == (False, None)
+    assert time.now == 0
