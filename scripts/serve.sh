@@ -26,10 +26,11 @@
 #                                          tritonserver is told to stop (default 30; 0: no wait)
 # With companions, this script supervises: it forwards SIGTERM, SIGINT and SIGHUP to every process,
 # stops them all when one exits, and exits with tritonserver's status (or, when a companion exited
-# first, with that companion's, never 0). A SIGTERM (docker stop, Kubernetes) is forwarded once
-# nothing is in flight or TRITONFRONT_DRAIN_TIMEOUT passed, since Triton cannot finish a stream once
-# it stops (tritonfront.watchdog.drain says why); a second SIGTERM, SIGINT and SIGHUP forward at
-# once. Without companions it becomes tritonserver (exec), which stops at once.
+# first, with that companion's, never 0). A SIGTERM (docker stop, Kubernetes) is forwarded once the
+# llm holds no unfinished request and nothing is queued, or TRITONFRONT_DRAIN_TIMEOUT passed, since
+# Triton cannot finish a stream once it stops (tritonfront.watchdog.drain says why); a second SIGTERM,
+# SIGINT and SIGHUP forward at once. Without companions it becomes tritonserver (exec), which stops
+# at once.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 if [ ! -x "${TRITONSERVER:-}" ]; then
@@ -151,18 +152,15 @@ stop_all() {
 }
 signals=0  # trapped so far: a `wait` they interrupt is waited again
 drainer=""  # the pid of tritonfront.watchdog.drain while a SIGTERM waits for it
-start_drain() {
-  local host="$BIND_ADDRESS"
-  case "$host" in 0.0.0.0) host=127.0.0.1 ;; ::) host="[::1]" ;; *:*) host="[$host]" ;; esac
-  "$VENV/bin/python" -m tritonfront.watchdog.drain --timeout "$DRAIN_TIMEOUT" \
-    --metrics-url "http://$host:${METRICS_PORT:-8002}/metrics" &
-  drainer=$!
-}
+drain_asked=0  # a SIGTERM came and the main loop is to start the drain
 on_term() {
   signals=$((signals + 1))
   if [ "$signals" = 1 ] && [ "$DRAIN_TIMEOUT" != 0 ] && [ -z "${first:-}" ]; then
-    start_drain
+    # Started by the main loop, not here: a job started in a trap changes the $! that names a
+    # process being started when the signal came.
+    drain_asked=1
   else
+    drain_asked=0
     if [ -n "$drainer" ]; then kill -TERM "$drainer" 2>/dev/null || true; fi
     stop_all
   fi
@@ -181,6 +179,11 @@ done
 
 first=""
 while [ -z "$first" ]; do
+  if [ "$drain_asked" = 1 ]; then
+    drain_asked=0
+    "$VENV/bin/python" -m tritonfront.watchdog.drain --server-pid "$server_pid" --timeout "$DRAIN_TIMEOUT" &
+    drainer=$!
+  fi
   exited=""
   wait -n -p exited "${!names[@]}" ${drainer:+"$drainer"} && first_status=0 || first_status=$?
   if [ -n "$drainer" ] && [ "${exited:-}" = "$drainer" ]; then  # drained, or its timeout passed

@@ -1,5 +1,7 @@
 """tritonfront.watchdog.drain's reading of Triton's metrics and its wait, on made-up metrics and a
 fake clock (the SIGTERM path through serve.sh: tests/integration/test_graceful_stop.py)."""
+import http.client
+
 import pytest
 
 from tritonfront.watchdog.drain import POLL_S, QUIET_S, drain, in_flight
@@ -45,7 +47,7 @@ def test_drained_once_nothing_was_in_flight_for_the_quiet_period():
     counts = iter([5, 2, 0, 1] + [0] * 100)  # a request arrives in the quiet period: it starts again
     reads = []
 
-    def read() -> str:
+    def read(timeout: float) -> str:
         reads.append(time.now)
         return metrics(next(counts))
 
@@ -56,15 +58,50 @@ def test_drained_once_nothing_was_in_flight_for_the_quiet_period():
 
 def test_gives_up_at_the_timeout_with_the_last_count():
     time = FakeTime()
-    assert drain(lambda: metrics(4, 1), timeout_s=2, clock=time.clock, sleep=time.sleep) == (False, 5)
+    assert drain(lambda timeout: metrics(4, 1), timeout_s=2, clock=time.clock, sleep=time.sleep) == (False, 5)
     assert time.now == pytest.approx(2, abs=POLL_S)
 
 
-@pytest.mark.parametrize("failure", [ConnectionRefusedError("refused"), ValueError("not metrics")])
-def test_unreadable_metrics_end_the_wait_at_once(failure):
-    def read() -> str:
-        raise failure
+def test_nothing_in_flight_at_the_timeout_is_drained_even_if_not_for_the_whole_quiet_period():
+    time = FakeTime()
+    counts = iter([3] * 9 + [0] * 100)
+    assert drain(lambda timeout: metrics(next(counts)), timeout_s=2, clock=time.clock, sleep=time.sleep) == (True, 0)
+
+
+def test_a_refused_connection_ends_the_wait_at_once():
+    def read(timeout: float) -> str:
+        raise ConnectionRefusedError("refused")
 
     time = FakeTime()
     assert drain(read, timeout_s=30, clock=time.clock, sleep=time.sleep) == (False, None)
     assert time.now == 0
+
+
+@pytest.mark.parametrize("failure", [TimeoutError("timed out"), http.client.IncompleteRead(b""),
+                                     ConnectionResetError("reset"), ValueError("not metrics")])
+def test_a_slow_or_broken_read_is_tried_again_and_a_read_never_outlasts_the_timeout(failure):
+    time = FakeTime()
+    timeouts = []
+    answers = iter([failure, metrics(2), failure, failure] + [metrics(0)] * 100)
+
+    def read(timeout: float) -> str:
+        timeouts.append(timeout)
+        answer = next(answers)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    assert drain(read, timeout_s=30, clock=time.clock, sleep=time.sleep) == (True, 0)
+    assert max(timeouts) <= 5
+
+
+def test_metrics_never_read_give_up_at_the_timeout_with_no_count():
+    time = FakeTime()
+    timeouts = []
+
+    def read(timeout: float) -> str:
+        timeouts.append(timeout)
+        raise TimeoutError("timed out")
+
+    assert drain(read, timeout_s=3, clock=time.clock, sleep=time.sleep) == (False, None)
+    assert timeouts[0] == 3 and max(timeouts) <= 3  # no read outlasts what is left of the wait

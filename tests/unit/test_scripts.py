@@ -6,6 +6,7 @@ supervises them. The pins are resolved with pip from the public index alone (pip
 folders and extra indexes switched off), for this machine and for the image's Python and platform;
 those checks need PyPI. The Dockerfile is linted with hadolint (requirements-dev.txt).
 """
+import contextlib
 import http.server
 import json
 import os
@@ -360,9 +361,10 @@ def test_serve_forwards_signals_and_keeps_the_server_status(fake_triton, tmp_pat
     marks = {name: tmp_path / f"{name} got it" for name in ("server", "front")}
     then = {name: until_term(f"touch {shlex.quote(str(mark))}; exit {7 if name == 'server' else 0}")
             for name, mark in marks.items()}
+    # The drain before a SIGTERM is forwarded has tests of its own (drain below).
     process = subprocess.Popen(["bash", str(SCRIPTS / "serve.sh")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env=serve_env(fake_triton, tmp_path, FAKE_TRITONSERVER_THEN=then["server"],
-                                             FAKE_FRONT_THEN=then["front"]))
+                                             FAKE_FRONT_THEN=then["front"], TRITONFRONT_DRAIN_TIMEOUT="0"))
     wait_for_file(tmp_path / "args")
     wait_for_file(tmp_path / "front args")
     process.send_signal(signal_number)
@@ -400,44 +402,53 @@ def metrics_stand_in():
     stand_in.server.shutdown()
 
 
-def serving_until_term(fake_triton, tmp_path, metrics_port: int, **env: str) -> tuple[subprocess.Popen, Path]:
-    """serve.sh with a server that touches its mark on SIGTERM, once the server and front run."""
+@contextlib.contextmanager
+def serving_until_term(fake_triton, tmp_path, metrics_port: int, **env: str):
+    """serve.sh (its own process group, gone afterwards whatever the test did) with a server that
+    touches its mark on SIGTERM; yields (serve.sh, the mark) once the server and front run."""
     mark = tmp_path / "server got it"
+    for recorded_file in (mark, tmp_path / "args", tmp_path / "front args"):
+        recorded_file.unlink(missing_ok=True)
     process = subprocess.Popen(["bash", str(SCRIPTS / "serve.sh")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True,
                                env=serve_env(fake_triton, tmp_path, METRICS_PORT=str(metrics_port),
                                              FAKE_TRITONSERVER_THEN=until_term(f"touch {shlex.quote(str(mark))}; exit 0"),
                                              **env))
-    wait_for_file(tmp_path / "args")
-    wait_for_file(tmp_path / "front args")
-    return process, mark
+    try:
+        wait_for_file(tmp_path / "args")
+        wait_for_file(tmp_path / "front args")
+        yield process, mark
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 def test_sigterm_reaches_the_server_once_nothing_is_in_flight(fake_triton, tmp_path, metrics_stand_in):
-    process, mark = serving_until_term(fake_triton, tmp_path, metrics_stand_in.port)
-    process.send_signal(signal.SIGTERM)
-    time.sleep(2)
-    assert not mark.exists(), "the server was told to stop with a request in flight"
-    metrics_stand_in.in_flight = 0
-    wait_for_file(mark, timeout=15)
-    assert process.wait(timeout=60) == 0
-    assert "serve.sh: drained in" in process.stderr.read().decode()
+    with serving_until_term(fake_triton, tmp_path, metrics_stand_in.port) as (process, mark):
+        process.send_signal(signal.SIGTERM)
+        time.sleep(2)
+        assert not mark.exists(), "the server was told to stop with a request in flight"
+        metrics_stand_in.in_flight = 0
+        wait_for_file(mark, timeout=15)
+        assert process.wait(timeout=60) == 0
+        assert "serve.sh: drained in" in process.stderr.read().decode()
 
 
 def test_a_second_sigterm_or_the_drain_timeout_stops_at_once(fake_triton, tmp_path, metrics_stand_in):
-    process, mark = serving_until_term(fake_triton, tmp_path, metrics_stand_in.port)
-    process.send_signal(signal.SIGTERM)
-    time.sleep(1)
-    process.send_signal(signal.SIGTERM)
-    wait_for_file(mark, timeout=5)
-    assert process.wait(timeout=60) == 0
-    mark.unlink()
-    (tmp_path / "args").unlink()
-    (tmp_path / "front args").unlink()
-    process, mark = serving_until_term(fake_triton, tmp_path, metrics_stand_in.port, TRITONFRONT_DRAIN_TIMEOUT="1")
-    process.send_signal(signal.SIGTERM)
-    wait_for_file(mark, timeout=10)
-    assert process.wait(timeout=60) == 0
-    assert "1 requests still in flight after" in process.stderr.read().decode()
+    with serving_until_term(fake_triton, tmp_path, metrics_stand_in.port) as (process, mark):
+        process.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        assert not mark.exists(), "the server was told to stop with a request in flight"
+        process.send_signal(signal.SIGTERM)
+        wait_for_file(mark, timeout=5)
+        assert process.wait(timeout=60) == 0
+    with serving_until_term(fake_triton, tmp_path, metrics_stand_in.port, TRITONFRONT_DRAIN_TIMEOUT="1") as (process,
+                                                                                                          mark):
+        process.send_signal(signal.SIGTERM)
+        wait_for_file(mark, timeout=10)
+        assert process.wait(timeout=60) == 0
+        assert "1 requests still in flight after" in process.stderr.read().decode()
 
 
 def test_serve_refuses_a_drain_timeout_that_is_not_whole_seconds(fake_triton, tmp_path):

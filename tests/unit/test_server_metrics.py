@@ -17,6 +17,8 @@ nv_inference_queue_duration_us{model="llm",version="1"} 12345
     (["tritonserver", "--metrics-address=127.0.0.2", "--metrics-port=9102"], "http://127.0.0.2:9102/metrics"),
     (["tritonserver", "--metrics-port", "9103", "--metrics-address", "0.0.0.0"], "http://127.0.0.1:9103/metrics"),
     (["tritonserver", "--metrics-address=::"], "http://[::1]:8002/metrics"),
+    (["tritonserver", "--metrics-address=[::]"], "http://[::1]:8002/metrics"),
+    (["tritonserver", "--metrics-address=fd00::5"], "http://[fd00::5]:8002/metrics"),
     (["tritonserver", "--metrics-port=1", "--metrics-port=2"], "http://127.0.0.1:2/metrics"),
     (["tritonserver", "--allow-metrics=false"], None),
 ])

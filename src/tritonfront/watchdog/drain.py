@@ -1,5 +1,5 @@
-"""Waits until no request is in flight in tritonserver, for scripts/serve.sh to run between the
-SIGTERM it receives and the one it passes on.
+"""Waits until tritonserver's llm holds no unfinished request and no model has a queued one, for
+scripts/serve.sh to run between the SIGTERM it receives and the one it passes on.
 
 Triton 2.51 cannot finish a streamed `generate` or `ensemble` request once it is told to stop:
 its stop makes every model's scheduler refuse new requests (core: InferenceServer::Stop ->
@@ -17,22 +17,28 @@ every 0.25 s; the last chunk still crosses the detokenizer) is drained. A short 
 `embed` is not counted while a model computes it: it takes milliseconds, and the quiet period
 lets it end.
 
-    python -m tritonfront.watchdog.drain --metrics-url http://127.0.0.1:8002/metrics --timeout 30
+    python -m tritonfront.watchdog.drain --server-pid PID --timeout 30
 
-Exit status 0 when drained, 1 when the timeout passed first or the metrics could not be read
-(then the caller stops the server anyway: waiting longer would only delay the stop).
+The metrics endpoint is found from tritonserver's command line (core.triton_flags). Exit status 0
+when drained, 1 when the timeout passed first, the metrics are off or refuse connections (then the
+caller stops the server anyway: waiting longer would only delay the stop).
 """
 import argparse
+import http.client
 import sys
 import time
 import urllib.request
 from typing import Callable, Optional
 
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
+
+from ..core.triton_flags import metrics_url
 
 IN_FLIGHT_FAMILIES = ("tritonfront_llm_active_sequences", "nv_inference_pending_request_count")
 QUIET_S = 1.0
 POLL_S = 0.2
+READ_TIMEOUT_S = 5.0
 
 
 def in_flight(metrics_text: str) -> int:
@@ -41,37 +47,49 @@ def in_flight(metrics_text: str) -> int:
                    if family.name in IN_FLIGHT_FAMILIES for sample in family.samples))
 
 
-def drain(read_metrics: Callable[[], str], timeout_s: float, clock: Callable[[], float] = time.monotonic,
+def drain(read_metrics: Callable[[float], str], timeout_s: float, clock: Callable[[], float] = time.monotonic,
           sleep: Callable[[float], None] = time.sleep) -> tuple[bool, Optional[int]]:
-    """Polls until nothing was in flight for QUIET_S or `timeout_s` passed: (drained, the last
-    count seen; None when the metrics could not be read)."""
+    """Polls until nothing was in flight for QUIET_S, or nothing is at `timeout_s`: (drained, the
+    last count seen; None when none could be read). `read_metrics(timeout)` gives the metrics text.
+    A refused connection ends the wait (no metrics server: it is not up yet, or gone); a slow or
+    broken read is tried again until the timeout (a busy server answers late)."""
     deadline = clock() + timeout_s
     quiet_since, count = None, None
     while True:
         try:
-            count = in_flight(read_metrics())
-        except (OSError, ValueError):
+            count = in_flight(read_metrics(max(0.1, min(READ_TIMEOUT_S, deadline - clock()))))
+        except ConnectionRefusedError:
             return False, None
+        except (OSError, http.client.HTTPException, ValueError):
+            pass  # count keeps the last reading
         now = clock()
         if count:
             quiet_since = None
-        elif quiet_since is None:
+        elif count == 0 and quiet_since is None:
             quiet_since = now
-        elif now - quiet_since >= QUIET_S:
+        elif count == 0 and now - quiet_since >= QUIET_S:
             return True, 0
         if now >= deadline:
-            return False, count
+            return count == 0, count
         sleep(POLL_S)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--metrics-url", required=True, help="Triton's metrics endpoint, http://host:port/metrics")
+    parser.add_argument("--server-pid", type=int, required=True, help="tritonserver's pid")
     parser.add_argument("--timeout", type=float, required=True, help="seconds to wait at most")
     args = parser.parse_args(argv)
+    try:
+        url = metrics_url(psutil.Process(args.server_pid).cmdline())
+    except psutil.Error:
+        print("serve.sh: tritonserver is gone, nothing to drain", file=sys.stderr)
+        return 1
+    if url is None:
+        print("serve.sh: tritonserver's metrics are off, stopping it without draining", file=sys.stderr)
+        return 1
 
-    def read_metrics() -> str:
-        with urllib.request.urlopen(args.metrics_url, timeout=5) as response:
+    def read_metrics(timeout: float) -> str:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             return response.read().decode()
 
     started = time.monotonic()
@@ -81,7 +99,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"serve.sh: drained in {took:.1f} s, stopping tritonserver", file=sys.stderr)
         return 0
     if count is None:
-        print(f"serve.sh: cannot read {args.metrics_url}, stopping tritonserver without draining", file=sys.stderr)
+        print(f"serve.sh: cannot read {url}, stopping tritonserver without draining", file=sys.stderr)
     else:
         print(f"serve.sh: {count} requests still in flight after {took:.1f} s "
               f"(TRITONFRONT_DRAIN_TIMEOUT), stopping tritonserver", file=sys.stderr)
