@@ -38,6 +38,9 @@ NO_GPU_NOTICES = ("CudaDriverHelper", "CUDA driver version is insufficient", "NV
 EXPLICIT_ALL = ("--model-control-mode=explicit", "--load-model=*")
 
 
+IN_FLIGHT = re.compile(r"(?:Found|has) (\d+) (?:model versions that have )?in-flight inferences")
+
+
 def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     try:
@@ -105,6 +108,11 @@ class Server:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def in_flight_lines(self) -> list[str]:
+        """Triton's lines while it stops that report in-flight inferences ("Found N model versions
+        that have in-flight inferences", "Model 'generate' (version 1) has N in-flight inferences"), N > 0."""
+        return [line for line in self.log().splitlines() if (m := IN_FLIGHT.search(line)) and int(m.group(1)) > 0]
 
     def error_lines(self) -> list[str]:
         """Error-level log lines, tracebacks and crashes, without the no-GPU start-up notices."""

@@ -25,7 +25,6 @@ clients' deadlines end them (README: Known limits)."""
 import json
 import os
 import random
-import re
 import signal
 import socket
 import threading
@@ -53,9 +52,6 @@ GROUPS = {"generate": ("grpc generate", "http generate", "openai chat"),
 LEAVERS = ("grpc leaver", "openai leaver")
 WINDOW_S, BEFORE_S, RECOVERY_TARGET_S = 5.0, 10.0, 20.0
 CHAT = [{"role": "user", "content": PROMPT}]
-# Triton's lines while it stops: "Found N model versions that have in-flight inferences", "Model
-# 'generate' (version 1) has N in-flight inferences".
-IN_FLIGHT = re.compile(r"(?:Found|has) (\d+) (?:model versions that have )?in-flight inferences")
 
 
 def within(deadline: float, call: Callable[[], object]) -> object:
@@ -205,8 +201,7 @@ def main() -> None:
         os.killpg(server.process.pid, signal.SIGTERM)
         server.process.wait(timeout=120)
         stop_s = time.monotonic() - sigterm
-        in_flight_lines = [line for line in server.log().splitlines()
-                           if (m := IN_FLIGHT.search(line)) and int(m.group(1)) > 0]
+        in_flight_lines = server.in_flight_lines()
     time.sleep(5)  # stubs Triton left behind at its exit timeout end once they see it gone
     left_running = [pid for pid in stubs if psutil.pid_exists(pid)]
 

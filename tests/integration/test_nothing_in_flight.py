@@ -11,7 +11,6 @@ Triton writes while stopping. Run this file as a whole: its tests share one serv
 one stops."""
 import json
 import os
-import re
 import signal
 import socket
 import threading
@@ -229,11 +228,7 @@ def test_then_nothing_is_in_flight_and_sigterm_stops_everything_in_under_10_s(se
     server.process.wait(timeout=60)
     took = time.monotonic() - started
     log = server.log()
-    # "Found N model versions that have in-flight inferences", "Model 'generate' (version 1) has N
-    # in-flight inferences": Triton's lines while it waits for them.
-    in_flight = [line for line in log.splitlines()
-                 if (m := re.search(r"(?:Found|has) (\d+) (?:model versions that have )?in-flight inferences", line))
-                 and int(m.group(1)) > 0]
+    in_flight = server.in_flight_lines()
     assert not in_flight, in_flight[-5:]
     assert "Exit timeout expired" not in log
     print(f"SIGTERM -> serve.sh and every process it started gone: {took:.1f} s")

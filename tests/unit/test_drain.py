@@ -1,10 +1,14 @@
 """tritonfront.watchdog.drain's reading of Triton's metrics and its wait, on made-up metrics and a
 fake clock (the SIGTERM path through serve.sh: tests/integration/test_graceful_stop.py)."""
 import http.client
+import socket
+import subprocess
+import sys
+from time import monotonic
 
 import pytest
 
-from tritonfront.watchdog.drain import POLL_S, QUIET_S, drain, in_flight
+from tritonfront.watchdog.drain import POLL_S, QUIET_S, drain, in_flight, main
 
 
 def metrics(rank0: int, rank1: int = 0, queued_llm: int = 0, queued_encoder: int = 0) -> str:
@@ -105,3 +109,21 @@ def test_metrics_never_read_give_up_at_the_timeout_with_no_count():
 
     assert drain(read, timeout_s=3, clock=time.clock, sleep=time.sleep) == (False, None)
     assert timeouts[0] == 3 and max(timeouts) <= 3  # no read outlasts what is left of the wait
+
+
+def test_a_server_whose_metrics_refuse_connections_is_stopped_at_once(capsys):
+    """Through urllib, which wraps a refused connection: SIGTERM while tritonserver starts, before
+    its metrics endpoint listens."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # bound, never listening: connections are refused
+        server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", f"--metrics-port={port}",
+                                   "--metrics-address=127.0.0.1"])
+        try:
+            started = monotonic()
+            assert main(["--server-pid", str(server.pid), "--timeout", "30"]) == 1
+            assert monotonic() - started < 10
+        finally:
+            server.kill()
+            server.wait()
+    assert f"cannot read http://127.0.0.1:{port}/metrics" in capsys.readouterr().err

@@ -1,9 +1,11 @@
-"""What tritonserver's command line says about where it serves its metrics: read by the stubs
-(Triton's queue lengths) and by the drain before a stop, each from the server's own arguments so it
-follows whatever the server was started with, through scripts/serve.sh or not."""
+"""Where tritonserver serves its metrics, from its own command line (so it follows whatever the
+server was started with, through scripts/serve.sh or not), and the metric of its queues: read by the
+stubs (Triton's queue length of a model) and by the drain before a stop."""
 from typing import Optional, Sequence
 
 DEFAULT_METRICS_PORT, DEFAULT_METRICS_ADDRESS = 8002, "0.0.0.0"
+# Requests in Triton's queue of a model, not handed to an instance yet (labels model, version).
+PENDING_REQUESTS = "nv_inference_pending_request_count"
 FALSE = ("false", "0", "off", "no")
 
 

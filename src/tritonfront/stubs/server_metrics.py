@@ -10,14 +10,12 @@ from typing import Optional
 
 import psutil
 
-from ..core.triton_flags import metrics_url
-
-PENDING = "nv_inference_pending_request_count"
+from ..core.triton_flags import PENDING_REQUESTS, metrics_url
 
 
 def pending_requests(metrics: str, model: str) -> Optional[int]:
     """Requests in Triton's queue of `model`, all versions; None when the model has no sample."""
-    pattern = re.compile(rf'^{PENDING}\{{([^}}]*)\}} (\S+)$', re.M)
+    pattern = re.compile(rf'^{PENDING_REQUESTS}\{{([^}}]*)\}} (\S+)$', re.M)
     values = [float(value) for labels, value in pattern.findall(metrics) if f'model="{model}"' in labels.split(",")]
     return int(sum(values)) if values else None
 

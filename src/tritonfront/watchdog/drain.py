@@ -27,15 +27,17 @@ import argparse
 import http.client
 import sys
 import time
+import urllib.error
 import urllib.request
 from typing import Callable, Optional
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..core.triton_flags import metrics_url
+from ..core.rank_load import LOAD_GAUGES
+from ..core.triton_flags import PENDING_REQUESTS, metrics_url
 
-IN_FLIGHT_FAMILIES = ("tritonfront_llm_active_sequences", "nv_inference_pending_request_count")
+IN_FLIGHT_FAMILIES = (LOAD_GAUGES["active_sequences"].name, PENDING_REQUESTS)
 QUIET_S = 1.0
 POLL_S = 0.2
 READ_TIMEOUT_S = 5.0
@@ -89,8 +91,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
 
     def read_metrics(timeout: float) -> str:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.read().decode()
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                return response.read().decode()
+        except urllib.error.URLError as error:  # urllib wraps a refused connection, which drain() tells apart
+            if isinstance(error.reason, ConnectionRefusedError):
+                raise error.reason from error
+            raise
 
     started = time.monotonic()
     drained, count = drain(read_metrics, args.timeout)
