@@ -45,11 +45,13 @@ class TritonPythonModel:
         self.loop.start()
 
     def execute(self, requests):
-        """Parses, validates and queues each request into the engine; then holds Triton's thread
+        """Parses, validates and queues each request into the engine, which takes the batch in
+        together (Engine.adding_together: a burst starts in one step); then holds Triton's thread
         while this rank has no room (max_active_requests unfinished requests) and, with token
         balancing, while it is not among the least-loaded ranks, so that Triton gives the next
         requests to another rank or keeps them in its queue. Responses come from the loop thread."""
-        glue.submit_each(requests, self.submit)
+        with self.engine.adding_together():
+            glue.submit_each(requests, self.submit)
         self.loop.wait_for_room(self.config.max_active_requests)
         if self.gate is not None:
             self.gate.wait()

@@ -4,10 +4,11 @@ An engine takes token ids in and gives new token ids out, per request, as they a
 Stop words, chunking and responses live above it (tritonfront.core.generation_loop), so every engine
 behaves the same towards clients.
 """
+import contextlib
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import ContextManager, Optional, Sequence
 
 from ..errors import InvalidInput
 
@@ -204,6 +205,11 @@ class Engine(ABC):
     @abstractmethod
     def add(self, request_id: str, prompt_ids: Sequence[int], params: SamplingParams) -> None:
         """Queues a request; returns at once."""
+
+    def adding_together(self) -> ContextManager:
+        """A block whose `add`s the engine takes in at once, for a step: requests that arrive
+        together (one Triton batch) start together. The default takes each as it comes."""
+        return contextlib.nullcontext()
 
     @abstractmethod
     def cancel(self, request_id: str) -> None:

@@ -33,6 +33,7 @@ The engine thread is the only one that touches the llama.cpp context; `add` and 
 work for it and `outputs` reads what it produced. ctypes releases the GIL during llama_decode, so
 Triton's threads and the serving loop run meanwhile.
 """
+import contextlib
 import ctypes
 import heapq
 import logging
@@ -240,6 +241,7 @@ class LlamaCppEngine(Engine):
         self._work = threading.Condition(self._lock)
         self._incoming: deque = deque()
         self._cancelled: set[str] = set()
+        self._adders = 0  # adding_together blocks open
         self._live: set[str] = set()  # added, not finished, not cancelled
         self._results: queue.Queue = queue.Queue()
         self._failure: Optional[BaseException] = None
@@ -316,6 +318,20 @@ class LlamaCppEngine(Engine):
             self._incoming.append(sequence)
             self._work.notify()
 
+    @contextlib.contextmanager
+    def adding_together(self):
+        # The engine thread takes no incoming request while a block is open: it would wake at the
+        # first add and start a step with the requests added so far, and the rest of a burst
+        # would wait out that step (a prefill of a few prompts, ~100 ms) before their own.
+        with self._work:
+            self._adders += 1
+        try:
+            yield
+        finally:
+            with self._work:
+                self._adders -= 1
+                self._work.notify()
+
     def cancel(self, request_id: str) -> None:
         with self._work:
             if request_id not in self._live:
@@ -388,11 +404,13 @@ class LlamaCppEngine(Engine):
         try:
             while True:
                 with self._work:
-                    self._work.wait_for(lambda: self._stopping or self._incoming or self._cancelled
-                                        or self._running or self._waiting)
+                    self._work.wait_for(lambda: self._stopping or self._incoming and not self._adders
+                                        or self._cancelled or self._running or self._waiting)
                     if self._stopping:
                         return
-                    incoming, self._incoming = list(self._incoming), deque()
+                    incoming = []
+                    if not self._adders:
+                        incoming, self._incoming = list(self._incoming), deque()
                     cancelled, self._cancelled = self._cancelled, set()
                 self._waiting.extend(incoming)
                 if cancelled:
