@@ -325,9 +325,21 @@ class CountingEngine(Engine):
         self.live: dict[str, list[int]] = {}  # request id -> [max_tokens, generated]
         self.cancelled: list[str] = []
         self.refuse = False
+        self.events: list[str] = []  # check, open, add, close: what the adapter called, in order
         self._lock = threading.Lock()
 
+    def check_params(self, params):
+        self.events.append("check")
+        super().check_params(params)
+
+    @contextlib.contextmanager
+    def adding_together(self):
+        self.events.append("open")
+        yield
+        self.events.append("close")
+
     def add(self, request_id, prompt_ids, params):
+        self.events.append("add")
         if self.refuse:
             raise RuntimeError("the engine is not accepting requests")
         with self._lock:
@@ -413,6 +425,17 @@ def test_llm_bad_requests_get_one_final_error_each(pb_utils, llm):
     assert not finished(good)[-1][0].has_error()
 
 
+def test_llm_checks_a_whole_batch_then_adds_it_in_one_block(pb_utils, llm):
+    """The engine takes a batch's requests in together (adding_together), and checking them, which
+    may compile a grammar, happens before the block opens; a bad request is answered on its own."""
+    model, engine, _ = llm
+    first, bad, second = generation(pb_utils, 2), generation(pb_utils, 0), generation(pb_utils, 2)
+    model.execute([first, bad, second])
+    assert engine.events == ["check", "check", "open", "add", "add", "close"]
+    assert finished(bad)[-1][0].has_error()
+    assert not finished(first)[-1][0].has_error() and not finished(second)[-1][0].has_error()
+
+
 def test_llm_engine_refusal_is_internal_and_final(pb_utils, llm):
     model, engine, _ = llm
     engine.refuse = True
@@ -437,6 +460,10 @@ def test_llm_cancellation_ends_the_request_and_is_counted(pb_utils, llm):
     sent = finished(request)
     assert sent[-1][0].outputs()["finish_reason"].tolist() == [[b"cancelled"]] and len(sent) < 50
     assert len(engine.cancelled) == 1 and not engine.live
+    # The loop publishes its load just after sending the final chunk.
+    deadline = time.monotonic() + 10
+    while model.latest_load.cancelled_requests != 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
     model.gauges.update()  # the gauge thread's turn, now rather than within 0.25 s
     mine = {spec: [m for m in pb_utils.MetricFamily.made[spec] if m.labels["model"] == name]
             for spec in ("tritonfront_llm_cancelled_requests_total", "tritonfront_llm_active_sequences",

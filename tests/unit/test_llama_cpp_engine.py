@@ -340,32 +340,41 @@ def test_cancelling_frees_the_sequences_kv_cells_and_others_go_on(engine, refere
 
 def test_requests_added_together_start_together_while_running_ones_go_on(engine, reference):
     """Inside adding_together the engine takes no new request (without it, the first add would
-    start a step alone and the rest would wait that step out), and what already runs keeps
-    generating; on leaving the block every request added in it starts in one step."""
-    prompts = [tokens(reference, p) for p in PROMPTS[:3]]
-    engine.add("running", prompts[0], SamplingParams(max_tokens=1000))
-    while not any(o.request_id == "running" and o.token_ids for o in engine.outputs(0.05)):
-        pass
-    with engine.adding_together():
-        engine.add("first", prompts[1], SamplingParams(max_tokens=4))
-        seen = []
-        deadline = time.monotonic() + 0.5  # a prefill of one short prompt takes ~30 ms here
-        while time.monotonic() < deadline:
-            seen += engine.outputs(0.05)
-        engine.add("second", prompts[2], SamplingParams(max_tokens=4))
-    assert sum(len(o.token_ids) for o in seen if o.request_id == "running") >= 3
-    assert not [o for o in seen if o.request_id == "first"]
-    firsts = {}  # request -> the outputs() call that brought its first token
-    call = 0
-    while len(firsts) < 2:
-        call += 1
-        for output in engine.outputs(0.01):
-            if output.request_id in ("first", "second") and output.token_ids:
-                firsts.setdefault(output.request_id, call)
-        assert call < 1000
-    assert firsts["first"] == firsts["second"]
-    engine.cancel("running")
-    wait_until_empty(engine)
+    start a step alone and the rest would wait that step out), what already runs keeps generating,
+    and a request cancelled inside the block never starts; on leaving the block the others start
+    in one step."""
+    prompts = [tokens(reference, p) for p in PROMPTS[:4]]
+    engine.add("running", prompts[0], SamplingParams(max_tokens=1000, min_tokens=1000))
+    try:
+        while not any(o.request_id == "running" and o.token_ids for o in engine.outputs(0.05)):
+            pass
+        with engine.adding_together():
+            engine.add("first", prompts[1], SamplingParams(max_tokens=4))
+            engine.add("cancelled", prompts[3], SamplingParams(max_tokens=1000, min_tokens=1000))
+            engine.cancel("cancelled")
+            seen, running_tokens = [], 0
+            opened, deadline = time.monotonic(), time.monotonic() + 30
+            # Open long enough for a short prompt's prefill (~30 ms here) and 3 steps of the running one.
+            while running_tokens < 3 or time.monotonic() - opened < 0.5:
+                assert time.monotonic() < deadline, running_tokens
+                outputs = engine.outputs(0.05)
+                seen += outputs
+                running_tokens += sum(len(o.token_ids) for o in outputs if o.request_id == "running")
+            engine.add("second", prompts[2], SamplingParams(max_tokens=4))
+        assert not [o for o in seen if o.request_id == "first"]
+        firsts = {}  # request -> the outputs() call that brought its first token
+        call, deadline = 0, time.monotonic() + 30
+        while len(firsts) < 2:
+            assert time.monotonic() < deadline, firsts
+            call += 1
+            for output in engine.outputs(0.01):
+                if output.request_id in ("first", "second") and output.token_ids:
+                    firsts.setdefault(output.request_id, call)
+        assert firsts["first"] == firsts["second"]
+    finally:
+        engine.cancel("running")
+    # Had the cancelled request started, its 1000 tokens would hold cells for many seconds.
+    wait_until_empty(engine, timeout=3)
 
 
 def test_requests_beyond_the_cache_wait_for_cells_instead_of_failing(engine, reference):

@@ -45,20 +45,20 @@ class TritonPythonModel:
         self.loop.start()
 
     def execute(self, requests):
-        """Parses, validates and queues each request into the engine, which takes the batch in
-        together (Engine.adding_together: a burst starts in one step); then holds Triton's thread
-        while this rank has no room (max_active_requests unfinished requests) and, with token
-        balancing, while it is not among the least-loaded ranks, so that Triton gives the next
-        requests to another rank or keeps them in its queue. Responses come from the loop thread."""
-        with self.engine.adding_together():
-            glue.submit_each(requests, self.submit)
+        """Parses and validates each request, then queues them into the engine, which takes the
+        batch in together (Engine.adding_together: a burst starts in one step; parsing, which may
+        compile a grammar, stays outside); then holds Triton's thread while this rank has no room
+        (max_active_requests unfinished requests) and, with token balancing, while it is not among
+        the least-loaded ranks, so that Triton gives the next requests to another rank or keeps
+        them in its queue. Responses come from the loop thread."""
+        glue.submit_each(requests, self.parse, self.submit, together=self.engine.adding_together)
         self.loop.wait_for_room(self.config.max_active_requests)
         if self.gate is not None:
             self.gate.wait()
         return None
 
-    def submit(self, handle, request) -> None:
-        submit_group(self.loop, handle, self.parse(request))
+    def submit(self, handle, sequences: list[GenerationRequest]) -> None:
+        submit_group(self.loop, handle, sequences)
 
     def parse(self, request) -> list[GenerationRequest]:
         """One GenerationRequest per sequence the request asks for (prompts times num_return_sequences),

@@ -316,7 +316,8 @@ class LlamaCppEngine(Engine):
                 raise RuntimeError("the llama.cpp engine is not accepting requests (stopped or failed)")
             self._live.add(request_id)
             self._incoming.append(sequence)
-            self._work.notify()
+            if not self._adders:  # otherwise the block's end wakes the engine thread
+                self._work.notify()
 
     @contextlib.contextmanager
     def adding_together(self):
@@ -408,10 +409,12 @@ class LlamaCppEngine(Engine):
                                         or self._cancelled or self._running or self._waiting)
                     if self._stopping:
                         return
+                    cancelled, self._cancelled = self._cancelled, set()
                     incoming = []
                     if not self._adders:
                         incoming, self._incoming = list(self._incoming), deque()
-                    cancelled, self._cancelled = self._cancelled, set()
+                    elif cancelled:  # left in _incoming, out of _drop's reach
+                        self._incoming = deque(s for s in self._incoming if s.request_id not in cancelled)
                 self._waiting.extend(incoming)
                 if cancelled:
                     self._drop(cancelled)

@@ -8,10 +8,11 @@ results go back as responses; a bad request gets an INVALID_ARG error naming the
 else an INTERNAL error with the exception's type and message (the traceback goes to the server
 log, never to the client).
 """
+import contextlib
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, ContextManager, Optional, Sequence
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -96,16 +97,25 @@ def _answer(result: Any) -> "pb_utils.InferenceResponse":
         return error_response(error)
 
 
-def submit_each(requests: Sequence, submit: Callable[[tuple, Any], None]) -> None:
-    """The requests of a decoupled model: each one's handle is (request, its response sender);
-    `submit(handle, request)` takes the request on, and if it raises, the request's only
-    response is the error, flagged final."""
+def submit_each(requests: Sequence, parse: Callable[[Any], Any], submit: Callable[[tuple, Any], None],
+                together: Callable[[], ContextManager] = contextlib.nullcontext) -> None:
+    """The requests of a decoupled model: each one's handle is (request, its response sender).
+    `parse(request)` reads and checks every request first; then, inside one `together()` block,
+    `submit(handle, parsed)` takes on each that parsed. A request whose parse or submit raises
+    gets the error as its only response, flagged final."""
+    parsed = []
     for request in requests:
         sender = request.get_response_sender()
         try:
-            submit((request, sender), request)
-        except Exception as error:  # InvalidInput, or an engine that stopped taking requests
+            parsed.append(((request, sender), parse(request)))
+        except Exception as error:  # InvalidInput
             sender.send(error_response(error), flags=FINAL)
+    with together():
+        for handle, value in parsed:
+            try:
+                submit(handle, value)
+            except Exception as error:  # an engine that stopped taking requests
+                handle[1].send(error_response(error), flags=FINAL)
 
 
 class StreamResponder:
