@@ -44,10 +44,12 @@ from harness.stats import percentile
 
 STALL_S = 0.4
 NO_DELAY = ("--queue-delay", "llm_tokenizer=0", "--queue-delay", "llm=0")
+COMMITTED = "committed (queue delay 2 ms: llm_tokenizer, llm; 2 llm_tokenizer instances)"
+NO_DELAY_NAME = "no queue delay"
 VARIANTS = {
-    "committed (queue delay 2 ms: llm_tokenizer, llm; 2 llm_tokenizer instances)": (),
+    COMMITTED: (),
     "queue delay at the llm only": ("--queue-delay", "llm_tokenizer=0"),
-    "no queue delay": NO_DELAY,
+    NO_DELAY_NAME: NO_DELAY,
     "no queue delay, 1 llm_tokenizer instance": (*NO_DELAY, "--tokenizers", "1"),
 }
 TOPICS = ("bread", "rivers", "clocks", "bridges", "salt", "maps", "glass", "bees")
@@ -162,7 +164,7 @@ def main() -> None:
          "lone request TTFT P50 ms"], rows))
     rep.add("### Queue waits per model (Triton trace, the requests of the measured bursts)\n\n" + report.table(
         ["variant", "model", "requests", "waits >= 400 ms", "longest wait ms"], stall_rows))
-    committed, no_delay = list(VARIANTS)[0], "no queue delay"
+    committed, no_delay = COMMITTED, NO_DELAY_NAME
     rep.add(f"## Summary\n\n- {committed}: {stalled[committed]} of {len(windows[committed])} bursts with a queue "
             f"stall (target 0: {'met' if stalled[committed] == 0 else 'MISSED'}); a lone request's TTFT P50 "
             f"{statistics.median(singles[committed]) * 1000:.1f} ms against "
