@@ -2,6 +2,7 @@
 run needs, renamed copies of a model with other parameters (two variants in one server), config
 variants edited by regex, and a repository holding only the embed pipeline."""
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -15,6 +16,35 @@ from .paths import BASELINES, ENSEMBLES, MODEL_REPOSITORY, ROOT
 GENERATE_MODELS = ("llm_tokenizer", "llm", "detokenizer", "generate")
 EMBED_MODELS = ("tokenizer", "encoder", "pooler", "embed", "embed_tokens", "embed_ids")
 ALL_MODELS = ("tokenizer", "encoder", "pooler", "embed", "llm_tokenizer", "llm", "detokenizer", "generate")
+# An engine name: the tests' `server` runs scripts/configure.py --engine NAME instead of the
+# committed deployment (.ci/run's second pass of the contract tests).
+TEST_ENGINE_VARIABLE = "TRITONFRONT_TEST_ENGINE"
+# What that deployment sets beyond --engine. llama_cpp: no prompt reuse, since the contract tests
+# compare requests of the same prompt (streamed with whole, against the reference) token for
+# token, and a request fed after a reused prefix can part from a fresh one on a near tie (llama.cpp's
+# flash attention computes a token fed alone differently: docs/configuration.md, Prompt reuse).
+TEST_ENGINE_SETTINGS = {"llama_cpp": ("--set", "llm.prompt_cache=false")}
+
+
+def committed_llm_engine() -> str:
+    """The `engine` parameter of the committed llm config."""
+    config = (MODEL_REPOSITORY / "llm" / "config.pbtxt").read_text()
+    return re.search(r'key: "engine" value: \{ string_value: "(\w+)" \}', config).group(1)
+
+
+def tested_engine() -> str:
+    """The engine the tests' `server` runs (TRITONFRONT_TEST_ENGINE, else the committed one)."""
+    return os.environ.get(TEST_ENGINE_VARIABLE) or committed_llm_engine()
+
+
+def tested_deployment(out: Path) -> Optional[list[Path]]:
+    """The repositories the tests' `server` serves: None (serve.sh's, the committed ones) unless
+    TRITONFRONT_TEST_ENGINE names an engine, then configure.py's deployment with it, whole."""
+    engine = os.environ.get(TEST_ENGINE_VARIABLE)
+    if not engine:
+        return None
+    names = [model.name for repository in (MODEL_REPOSITORY, ENSEMBLES) for model in repository.iterdir()]
+    return write_deployment(out, "--engine", engine, *TEST_ENGINE_SETTINGS.get(engine, ()), keep=names)
 
 
 def write_deployment(out: Path, *configure_args: str, keep: Iterable[str] = GENERATE_MODELS,

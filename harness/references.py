@@ -1,17 +1,18 @@
 """What the server's answers are compared with: sentence-transformers on the same embedding
-folder, transformers' tokenizer and greedy `generate` on the same LLM folder, and llama-cpp-python's
-own greedy generation on the LLM's GGUF (the llama_cpp engine's reference). Models load once per
-process."""
+folder; for generation, each engine's own model run alone: transformers' `generate` on the LLM
+folder (the hf engine's reference), llama-cpp-python on the LLM's GGUF (the llama_cpp engine's).
+Models load once per process."""
 import functools
 import os
 import warnings
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from tritonfront.core import model_sources
 
 from .corpora import varied_texts
+from .deploy import tested_engine
 from .model_tokenizers import llm_tokenizer
 
 
@@ -52,15 +53,100 @@ def prompt_ids(text: str, chat: bool) -> list[int]:
     return llm_tokenizer()(text).input_ids
 
 
-def greedy_reference(prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """transformers generate, one prompt at a time; the generated ids (EOS included if reached)."""
+def greedy_reference(prompts: list[list[int]], max_tokens: int, engine: Optional[str] = None) -> list[list[int]]:
+    """The greedy ids of `engine` (default: the one the tests' server runs) run alone, one prompt
+    at a time: transformers generate on the LLM folder (hf), llama-cpp-python on the GGUF
+    (llama_cpp); the end token included if reached."""
+    if (engine or tested_engine()) == "llama_cpp":
+        return llama_cpp_greedy_reference(prompts, max_tokens)
     import torch
-    from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_sources.llm_model_dir(), dtype=torch.float32).eval()
+    model = transformers_llm()
     with torch.inference_mode():
         return [model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False)[0, len(ids):].tolist()
                 for ids in prompts]
+
+
+class ScoredGreedy(NamedTuple):
+    ids: list[int]  # the greedy continuation, the end token included if reached
+    raw: list[np.ndarray]  # per step: log-softmax of the model's logits
+    processed: list[np.ndarray]  # per step: log-softmax of what the token was picked from (after penalties)
+
+
+def scored_greedy(prompt: list[int], max_tokens: int, repetition_penalty: float = 1.0,
+                  engine: Optional[str] = None) -> ScoredGreedy:
+    """A greedy continuation with its distributions, from the engine's own reference run alone:
+    transformers generate's logits and processed scores (hf); llama.cpp's logits and its own
+    penalties sampler over prompt and generated tokens, the llama_cpp engine's counting
+    (llama_cpp)."""
+    if (engine or tested_engine()) == "llama_cpp":
+        return _llama_cpp_scored_greedy(prompt, max_tokens, repetition_penalty)
+    import torch
+
+    with torch.inference_mode():
+        out = transformers_llm().generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
+                                          repetition_penalty=repetition_penalty, output_scores=True,
+                                          output_logits=True, return_dict_in_generate=True)
+    return ScoredGreedy(out.sequences[0, len(prompt):].tolist(),
+                        [torch.log_softmax(logits[0], -1).numpy() for logits in out.logits],
+                        [torch.log_softmax(score[0], -1).numpy() for score in out.scores])
+
+
+@functools.lru_cache(maxsize=None)
+def transformers_llm():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_sources.llm_model_dir(), dtype=torch.float32).eval()
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    values = logits.astype(np.float64)
+    peak = values.max()
+    return values - (peak + np.log(np.exp(values - peak).sum()))
+
+
+def _llama_cpp_scored_greedy(prompt: list[int], max_tokens: int, repetition_penalty: float) -> ScoredGreedy:
+    import ctypes
+
+    import llama_cpp
+
+    llm = llama_cpp_reference()
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    size = llm.n_vocab()
+    penalties = None
+    if repetition_penalty != 1.0:
+        penalties = llama_cpp.llama_sampler_init_penalties(size, len(prompt) + max_tokens, repetition_penalty,
+                                                           0.0, 0.0)
+        for token in prompt:
+            llama_cpp.llama_sampler_accept(penalties, token)
+    candidates = np.zeros(size, dtype=[("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+    ids, raw, processed = [], [], []
+    llm.reset()
+    llm.eval(prompt)
+    try:
+        while len(ids) < max_tokens:
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(size,)).copy()
+            raw.append(_log_softmax(logits))
+            if penalties is not None:
+                candidates["id"] = np.arange(size)
+                candidates["logit"] = logits
+                array = llama_cpp.llama_token_data_array(candidates.ctypes.data_as(llama_cpp.llama_token_data_p),
+                                                         size, -1, False)
+                llama_cpp.llama_sampler_apply(penalties, ctypes.byref(array))
+                logits = candidates["logit"].copy()
+            processed.append(_log_softmax(logits))
+            token = int(logits.argmax())
+            ids.append(token)
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
+                break
+            if penalties is not None:
+                llama_cpp.llama_sampler_accept(penalties, token)
+            llm.eval([token])
+    finally:
+        if penalties is not None:
+            llama_cpp.llama_sampler_free(penalties)
+    return ScoredGreedy(ids, raw, processed)
 
 
 @functools.lru_cache(maxsize=None)

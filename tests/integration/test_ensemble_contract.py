@@ -2,10 +2,11 @@
 it ([1, 1] scalars, [1, N] word lists, [N, 1] batched prompts, gRPC streams, streamed and whole):
 `ensemble` and `generate` are one model; whole answers include the prompt unless
 exclude_input_in_output; batched prompts and num_return_sequences answer per sequence with their
-indices; greedy text equals transformers; log probs equal transformers' scores; top_logprobs and per-token texts (tritonfront's extension)
-as documented; penalties, bad
-words, min_tokens and guided JSON do what they say; every input no engine honours, and every bad
-value, is INVALID_ARG naming it."""
+indices; greedy text, log probs (top_logprobs: after penalties) and penalised text equal the
+engine's own reference run alone (harness.references: transformers for hf, llama-cpp-python for
+llama_cpp); per-token texts (tritonfront's extension) as documented; bad words, min_tokens and
+guided JSON do what they say; every input no engine honours, and every bad value, is INVALID_ARG
+naming it. Runs on the committed deployment, or the engine TRITONFRONT_TEST_ENGINE names."""
 import json
 import math
 import threading
@@ -19,8 +20,7 @@ from tritonclient.utils import np_to_triton_dtype
 from harness.chunks import streamed_in_intervals
 from harness.clients.http import post
 from harness.model_tokenizers import llm_tokenizer as tokenizer
-from harness.references import greedy_reference, prompt_ids
-from tritonfront.core import model_sources
+from harness.references import greedy_reference, prompt_ids, scored_greedy
 from tritonfront.core.model_config import LLMConfig
 from tritonfront.core.trtllm_contract import EXTRA_INPUTS, EXTRA_OUTPUTS, INPUTS, OUTPUTS, UNSUPPORTED
 
@@ -124,7 +124,7 @@ def http_error_of(server, **inputs) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def greedy():
-    """transformers' greedy continuation of each prompt: (ids, text up to EOS)."""
+    """The reference's greedy continuation of each prompt: (ids, text up to EOS)."""
     prompts = [prompt_ids(p, chat=False) for p in PROMPTS]
     eos = tokenizer().eos_token_id
     results = {}
@@ -215,23 +215,15 @@ def test_counts_and_perf_metrics_on_request(server, greedy):
     assert streamed.responses[0].as_numpy("arrival_time_ns") is None  # not asked for
 
 
-def test_log_probs_equal_transformers_scores(server, greedy):
-    import torch
-    from transformers import AutoModelForCausalLM
-
+def test_log_probs_equal_the_reference_scores(server, greedy):
     request = generate(server, stream=True, return_log_probs=True, exclude_input_in_output=True)
     log_probs = np.concatenate([r.as_numpy("output_log_probs").reshape(-1) for r in request.responses])
     cumulative = request.responses[-1].as_numpy("cum_log_probs")[0, 0]
-    model = AutoModelForCausalLM.from_pretrained(model_sources.llm_model_dir(), dtype=torch.float32).eval()
-    prompt = prompt_ids(PROMPTS[0], False)
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                             output_logits=True, return_dict_in_generate=True)
-    generated = out.sequences[0, len(prompt):].tolist()
-    reference = [torch.log_softmax(logits[0], -1)[token].item() for logits, token in zip(out.logits, generated)]
+    reference = scored_greedy(prompt_ids(PROMPTS[0], False), MAX_TOKENS)
+    expected = [float(row[token]) for row, token in zip(reference.raw, reference.ids)]
     count = len(greedy[PROMPTS[0]][0])
-    np.testing.assert_allclose(log_probs, reference[:count], atol=2e-3)
-    assert cumulative == pytest.approx(math.fsum(reference[:count]), abs=1e-2)
+    np.testing.assert_allclose(log_probs, expected[:count], atol=2e-3)
+    assert cumulative == pytest.approx(math.fsum(expected[:count]), abs=1e-2)
 
 
 def top_arrays(request: Request, name: str) -> np.ndarray:
@@ -239,35 +231,26 @@ def top_arrays(request: Request, name: str) -> np.ndarray:
     return np.concatenate([r.as_numpy(name)[0, 0] for r in request.responses])
 
 
-def test_top_logprobs_equal_transformers_processed_scores(server):
+def test_top_logprobs_equal_the_reference_processed_scores(server):
     """The alternatives come from the distribution the token was chosen from: after a repetition
-    penalty (transformers' `scores`, not its raw logits), so the chosen token heads them (greedy)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
+    penalty (transformers' `scores` or llama.cpp's penalties sampler, not the raw logits), so the
+    chosen token heads them (greedy)."""
     prompt = "1, 2, 3, 1, 2, 3, 1, 2, 3,"
     asked = dict(prompts=[prompt], max_tokens=16, exclude_input_in_output=True, repetition_penalty=1.3,
                  top_logprobs=5)
     whole, streamed = generate(server, **asked), generate(server, stream=True, **asked)
-    model = AutoModelForCausalLM.from_pretrained(model_sources.llm_model_dir(), dtype=torch.float32).eval()
-    ids = prompt_ids(prompt, False)
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, repetition_penalty=1.3,
-                             output_scores=True, output_logits=True, return_dict_in_generate=True)
-    generated = out.sequences[0, len(ids):].tolist()
-    processed = [torch.log_softmax(score[0], -1) for score in out.scores]
-    raw = [torch.log_softmax(logits[0], -1) for logits in out.logits]
+    generated, raw, processed = scored_greedy(prompt_ids(prompt, False), 16, repetition_penalty=1.3)
     top_ids, top_log_probs = top_arrays(whole, "output_top_ids"), top_arrays(whole, "output_top_log_probs")
     log_probs = top_arrays(whole, "output_log_probs")
     count = len(log_probs)
     assert top_ids.shape == top_log_probs.shape == (count, 5) and count >= 8
     for i in range(count):
-        expected_values, expected_ids = processed[i].topk(5)
-        np.testing.assert_allclose(top_log_probs[i], expected_values.numpy(), atol=2e-3)
+        expected_ids = np.argsort(-processed[i], kind="stable")[:5]
+        np.testing.assert_allclose(top_log_probs[i], processed[i][expected_ids], atol=2e-3)
         assert top_ids[i, 0] == generated[i] == expected_ids[0] and top_log_probs[i, 0] == log_probs[i]
         assert all(top_log_probs[i][j] >= top_log_probs[i][j + 1] for j in range(4))
     # The penalty moved the distribution: raw log-softmax would differ from what was reported.
-    assert max(abs(raw[i][generated[i]].item() - log_probs[i]) for i in range(count)) > 0.05
+    assert max(abs(raw[i][generated[i]] - log_probs[i]) for i in range(count)) > 0.05
     # Streamed == whole, token by token.
     for name in ("output_top_ids", "output_top_log_probs", "output_log_probs"):
         np.testing.assert_array_equal(top_arrays(streamed, name), top_arrays(whole, name), err_msg=name)
@@ -327,19 +310,13 @@ def _not_utf8(data: bytes) -> bool:
     return False
 
 
-def test_penalties_change_the_text_as_transformers_processors_do(server):
-    import torch
-    from transformers import AutoModelForCausalLM
-
+def test_penalties_change_the_text_as_the_reference_does(server):
     prompt = "1, 2, 3, 1, 2, 3, 1, 2, 3,"
     plain = generate(server, prompts=[prompt], exclude_input_in_output=True, max_tokens=16).texts()[(0, 0)]
     penalised = generate(server, prompts=[prompt], exclude_input_in_output=True, max_tokens=16,
                          repetition_penalty=1.8).texts()[(0, 0)]
-    model = AutoModelForCausalLM.from_pretrained(model_sources.llm_model_dir(), dtype=torch.float32).eval()
-    ids = prompt_ids(prompt, False)
-    with torch.inference_mode():
-        reference = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, repetition_penalty=1.8)
-    expected = tokenizer().decode(reference[0, len(ids):], skip_special_tokens=True)
+    reference = scored_greedy(prompt_ids(prompt, False), 16, repetition_penalty=1.8)
+    expected = tokenizer().decode(reference.ids, skip_special_tokens=True)
     assert penalised == expected and penalised != plain
 
 

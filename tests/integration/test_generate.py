@@ -62,7 +62,7 @@ def case_inputs(case, stream: bool, max_tokens: Optional[int] = MAX_TOKENS, **op
     return generate_inputs(text, max_tokens, stream=stream, apply_chat_template=chat, **optional)
 
 
-def test_greedy_text_equals_transformers_generate(server, references):
+def test_greedy_text_equals_the_reference(server, references):
     results = run(server.grpc_url, {str(i): case_inputs(case, stream=False) for i, case in enumerate(CASES)})
     finish_reasons = set()
     for i, (ids, (text, finish_reason, completion_tokens)) in enumerate(references):
@@ -185,8 +185,9 @@ def test_http_generate_extension_answers_as_readme_says(server):
 def test_without_max_tokens_a_chat_answer_runs_to_its_end(server):
     """The committed llm (default_max_tokens 0) lets a request that sends no max_tokens generate
     what the context leaves after its prompt (OpenAI's default): a greedy chat answer that ends on
-    its own well past MAX_TOKENS comes whole, as transformers generate gives it."""
-    case = ("Write a haiku about the sea.", True)
+    its own well past MAX_TOKENS comes whole, as the reference gives it (this question's greedy
+    answer: 32 tokens, with either CPU engine)."""
+    case = ("Explain gravity in one sentence.", True)
     ids = prompt_ids(*case)
     text, finish_reason, completion_tokens = expected(greedy_reference([ids], 96)[0])
     assert finish_reason == "stop" and completion_tokens > MAX_TOKENS  # the case is what the test needs

@@ -89,8 +89,9 @@ def test_chat_equals_generate_under_greedy(client, openai_server, question):
 def test_a_chat_without_max_tokens_is_generate_without_max_tokens(client, openai_server):
     """No limit given: the front sends none, and the llm allows what the context leaves after the
     prompt (its committed default_max_tokens is 0): the greedy answer ends on its own, past the
-    limits the other tests set, as generate's does."""
-    question = QUESTIONS[1]
+    limits the other tests set, as generate's does (this question's greedy answer: 32 tokens, with
+    either CPU engine)."""
+    question = QUESTIONS[3]
     answer = client.chat.completions.create(model="generate", messages=[{"role": "user", "content": question}],
                                             temperature=0)
     expected = generate(openai_server, question, None, apply_chat_template=True)

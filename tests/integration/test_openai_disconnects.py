@@ -8,7 +8,8 @@ import time
 from harness.clients.openai import async_sdk
 from harness.triton_metrics import llm_gauges
 
-LONG = 1500  # tokens: minutes of work each at this machine's speed if nothing frees them
+LONG = 1000  # tokens: minutes of work each at this machine's speed if nothing frees them; within the
+# llama_cpp deployment's context per sequence (1024 tokens: scripts/configure.py --engine llama_cpp)
 LIVE = 200  # tokens of the answer that goes on throughout (it must not be taken for abandoned)
 
 
