@@ -28,16 +28,21 @@ TEST_ENGINE_SETTINGS = {"llama_cpp": ("--set", "llm.prompt_cache=false")}
 
 def committed_llm_engine() -> str:
     """The `engine` parameter of the committed llm config."""
-    config = (MODEL_REPOSITORY / "llm" / "config.pbtxt").read_text()
-    return re.search(r'key: "engine" value: \{ string_value: "(\w+)" \}', config).group(1)
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = text_format.Parse((MODEL_REPOSITORY / "llm" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    if "engine" not in config.parameters:
+        raise ValueError(f"{MODEL_REPOSITORY / 'llm' / 'config.pbtxt'} has no `engine` parameter")
+    return config.parameters["engine"].string_value
 
 
-def tested_engine() -> str:
+def engine_under_test() -> str:
     """The engine the tests' `server` runs (TRITONFRONT_TEST_ENGINE, else the committed one)."""
     return os.environ.get(TEST_ENGINE_VARIABLE) or committed_llm_engine()
 
 
-def tested_deployment(out: Path) -> Optional[list[Path]]:
+def deployment_under_test(out: Path) -> Optional[list[Path]]:
     """The repositories the tests' `server` serves: None (serve.sh's, the committed ones) unless
     TRITONFRONT_TEST_ENGINE names an engine, then configure.py's deployment with it, whole."""
     engine = os.environ.get(TEST_ENGINE_VARIABLE)

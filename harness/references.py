@@ -12,7 +12,7 @@ import numpy as np
 from tritonfront.core import model_sources
 
 from .corpora import varied_texts
-from .deploy import tested_engine
+from .deploy import engine_under_test
 from .model_tokenizers import llm_tokenizer
 
 
@@ -57,7 +57,7 @@ def greedy_reference(prompts: list[list[int]], max_tokens: int, engine: Optional
     """The greedy ids of `engine` (default: the one the tests' server runs) run alone, one prompt
     at a time: transformers generate on the LLM folder (hf), llama-cpp-python on the GGUF
     (llama_cpp); the end token included if reached."""
-    if (engine or tested_engine()) == "llama_cpp":
+    if (engine or engine_under_test()) == "llama_cpp":
         return llama_cpp_greedy_reference(prompts, max_tokens)
     import torch
 
@@ -79,7 +79,7 @@ def scored_greedy(prompt: list[int], max_tokens: int, repetition_penalty: float 
     transformers generate's logits and processed scores (hf); llama.cpp's logits and its own
     penalties sampler over prompt and generated tokens, the llama_cpp engine's counting
     (llama_cpp)."""
-    if (engine or tested_engine()) == "llama_cpp":
+    if (engine or engine_under_test()) == "llama_cpp":
         return _llama_cpp_scored_greedy(prompt, max_tokens, repetition_penalty)
     import torch
 
@@ -139,6 +139,8 @@ def _llama_cpp_scored_greedy(prompt: list[int], max_tokens: int, repetition_pena
             token = int(logits.argmax())
             ids.append(token)
             if llama_cpp.llama_vocab_is_eog(vocab, token):
+                break
+            if len(ids) == max_tokens:
                 break
             if penalties is not None:
                 llama_cpp.llama_sampler_accept(penalties, token)

@@ -2,8 +2,10 @@
 # The whole test suite: unit tests of the library, then integration tests against real
 # tritonserver processes; then the contract tests (marker `contract`) again on the llm engine the
 # committed deployment does not run (hf or llama_cpp, through TRITONFRONT_TEST_ENGINE; where
-# llama-cpp-python is installed), so both CPU engines keep every contract. Extra arguments go to
-# both pytest runs (e.g. -k embed, -x, tests/unit; a run that selects no test counts as passed).
+# llama-cpp-python and the GGUF are there), so both CPU engines keep every contract. Extra
+# arguments go to both pytest runs (e.g. -k embed, -x, tests/unit; a narrowed run that selects no
+# test counts as passed); with `-m` of its own a run is the user's selection, and the second pass
+# is not made.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$TRITONFRONT_ROOT"
@@ -11,17 +13,33 @@ if [ ! -x "${TRITONSERVER:-}" ]; then
   echo "tritonserver not found${TRITONSERVER:+ at $TRITONSERVER}: run scripts/setup.sh first" >&2
   exit 1
 fi
+narrowed=$([ $# -gt 0 ] && echo 1 || echo 0)
 run_pytest() {
-  # pytest.ini names tests/ as the default path, so file arguments narrow the run; 5: no test selected.
-  python -m pytest -p no:cacheprovider "$@" || { status=$?; [ "$status" -eq 5 ] || return "$status"; }
+  # pytest.ini names tests/ as the default path, so file arguments narrow the run. 5: no test
+  # selected, a failure unless arguments narrowed the run (a marker that stopped being set would
+  # otherwise pass the second pass with nothing run).
+  python -m pytest -p no:cacheprovider "$@" || {
+    status=$?
+    [ "$status" -eq 5 ] && [ "$narrowed" = 1 ] || return "$status"
+  }
 }
+unset TRITONFRONT_TEST_ENGINE  # the first run is the committed deployment, whatever the shell holds
+run_pytest "$@"
+for arg in "$@"; do
+  if [[ "$arg" == -m* ]]; then
+    echo "== not run: the contract tests on the other engine (the arguments choose their own -m)"
+    exit 0
+  fi
+done
 committed=$(python -c "from harness.deploy import committed_llm_engine; print(committed_llm_engine())")
 other=$([ "$committed" = llama_cpp ] && echo hf || echo llama_cpp)
-run_pytest "$@"
-# The images (TRITONFRONT_TRITON_HOME) have no llama.cpp (setup.sh says why).
-if [ "$other" = llama_cpp ] && ! python -c "import llama_cpp" 2>/dev/null; then
-  echo "== not run: the contract tests on the llama_cpp engine (llama-cpp-python is not installed)"
+# The images (TRITONFRONT_TRITON_HOME) have no llama.cpp (setup.sh says why); a model of one's own
+# may have no GGUF.
+if [ "$other" = llama_cpp ] && ! python -c "import llama_cpp
+from tritonfront.core import model_sources
+model_sources.llm_gguf_file()" 2>/dev/null; then
+  echo "== not run: the contract tests on the llama_cpp engine (no llama-cpp-python, or no GGUF for the llm)"
   exit 0
 fi
 echo "== the contract tests again on the $other engine (TRITONFRONT_TEST_ENGINE=$other)"
-TRITONFRONT_TEST_ENGINE=$other run_pytest -m contract "$@"
+TRITONFRONT_TEST_ENGINE=$other run_pytest -m "contract and not slow" "$@"

@@ -1,15 +1,15 @@
 import pytest
 
-from harness.deploy import tested_deployment
+from harness.deploy import deployment_under_test
 from harness.server import triton_server
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """The committed repositories, as a user runs them with scripts/serve.sh (or the deployment of
-    the engine TRITONFRONT_TEST_ENGINE names: harness.deploy.tested_deployment)."""
+    the engine TRITONFRONT_TEST_ENGINE names: harness.deploy.deployment_under_test)."""
     out = tmp_path_factory.mktemp("triton")
-    with triton_server(out / "server.log", repositories=tested_deployment(out)) as running:
+    with triton_server(out / "server.log", repositories=deployment_under_test(out)) as running:
         yield running
 
 
@@ -17,7 +17,7 @@ def server(tmp_path_factory):
 def openai_server(tmp_path_factory):
     """The same deployment with serve.sh's OpenAI front (tests/integration/test_openai*.py)."""
     out = tmp_path_factory.mktemp("triton-openai")
-    with triton_server(out / "server.log", repositories=tested_deployment(out), openai=True) as running:
+    with triton_server(out / "server.log", repositories=deployment_under_test(out), openai=True) as running:
         yield running
 
 

@@ -129,7 +129,8 @@ def greedy():
     eos = tokenizer().eos_token_id
     results = {}
     for prompt, ids in zip(PROMPTS, greedy_reference(prompts, MAX_TOKENS)):
-        ids = ids[: ids.index(eos)] if eos in ids else ids
+        # The llama_cpp reference stops on any of llama.cpp's end tokens, not only EOS.
+        ids = ids[: ids.index(eos)] if eos in ids else ids[:-1] if len(ids) < MAX_TOKENS else ids
         results[prompt] = (ids, tokenizer().decode(ids, skip_special_tokens=True))
     return results
 

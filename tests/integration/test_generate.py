@@ -1,6 +1,7 @@
 """The `generate` ensemble (llm_tokenizer -> llm -> detokenizer) on real tritonservers: greedy
-text equals transformers generate + decode, streams join to the non-streamed text, HTTP
-generate and generate_stream, stop words, bad inputs, cancellation, and DP balancing."""
+text equals the engine's own reference run alone (harness.references) + decode, streams join to
+the non-streamed text, HTTP generate and generate_stream, stop words, bad inputs, cancellation,
+and DP balancing."""
 import json
 import threading
 import time
@@ -14,7 +15,7 @@ from harness.clients.http import post, sse_events
 from harness.clients.kserve import generate_inputs, tensor, tensors
 from harness.clients.streams import Streams, run_requests as run, single_error
 from harness.corpora import PROMPTS
-from harness.deploy import write_deployment
+from harness.deploy import committed_llm_engine, engine_under_test, write_deployment
 from harness.model_tokenizers import llm_tokenizer as tokenizer
 from harness.references import greedy_reference, prompt_ids
 from harness.server import triton_server
@@ -28,18 +29,33 @@ EOS = 2
 CASES = [(prompt, False) for prompt in PROMPTS[:8]] + [(prompt, True) for prompt in PROMPTS[8:]]
 
 
-def expected(ids: list[int]) -> tuple[str, str, int]:
-    """(text, finish_reason, completion_tokens) for greedy ids: EOS ends with "stop" unsent."""
-    if EOS in ids:
-        ids = ids[: ids.index(EOS)]
+def expected(ids: list[int], max_tokens: int) -> tuple[str, str, int]:
+    """(text, finish_reason, completion_tokens) for a reference's greedy ids: a run that ended on an
+    end token (EOS; the llama_cpp reference stops on any of llama.cpp's end tokens) before or at
+    max_tokens ends with "stop", the end token unsent."""
+    end = ids.index(EOS) if EOS in ids else len(ids) - 1 if len(ids) < max_tokens else None
+    if end is not None:
+        ids = ids[:end]
         return tokenizer().decode(ids, skip_special_tokens=True), "stop", len(ids)
     return tokenizer().decode(ids, skip_special_tokens=True), "length", len(ids)
 
 
+def reference_answers(engine: str) -> list:
+    prompts = [prompt_ids(text, chat) for text, chat in CASES]
+    return [(ids, expected(generated, MAX_TOKENS))
+            for ids, generated in zip(prompts, greedy_reference(prompts, MAX_TOKENS, engine=engine))]
+
+
 @pytest.fixture(scope="module")
 def references():
-    prompts = [prompt_ids(text, chat) for text, chat in CASES]
-    return [(ids, expected(generated)) for ids, generated in zip(prompts, greedy_reference(prompts, MAX_TOKENS))]
+    """The answers of the engine the `server` fixture runs (TRITONFRONT_TEST_ENGINE or the committed one)."""
+    return reference_answers(engine_under_test())
+
+
+@pytest.fixture(scope="module")
+def dp_references():
+    """The answers of the committed engine, which this module's own deployments run."""
+    return reference_answers(committed_llm_engine())
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +205,7 @@ def test_without_max_tokens_a_chat_answer_runs_to_its_end(server):
     answer: 32 tokens, with either CPU engine)."""
     case = ("Explain gravity in one sentence.", True)
     ids = prompt_ids(*case)
-    text, finish_reason, completion_tokens = expected(greedy_reference([ids], 96)[0])
+    text, finish_reason, completion_tokens = expected(greedy_reference([ids], 96)[0], 96)
     assert finish_reason == "stop" and completion_tokens > MAX_TOKENS  # the case is what the test needs
     for stream in (False, True):
         chunks, got_reason, prompt_tokens, got_tokens = run(
@@ -197,13 +213,14 @@ def test_without_max_tokens_a_chat_answer_runs_to_its_end(server):
         assert ("".join(chunks), got_reason, prompt_tokens, got_tokens) == (text, "stop", len(ids), completion_tokens)
 
 
-def test_the_llms_default_max_tokens_caps_only_requests_without_max_tokens(dp_server, references):
+def test_the_llms_default_max_tokens_caps_only_requests_without_max_tokens(dp_server, dp_references):
     """dp_server's llm has default_max_tokens MAX_TOKENS: a request without max_tokens gets the
     reference's MAX_TOKENS-token answer; one that asks for more gets more."""
-    i = next(i for i, (_, (_, reason, _)) in enumerate(references) if reason == "length")
-    ids, (text, _, _) = references[i]
+    i = next(i for i, (_, (_, reason, _)) in enumerate(dp_references) if reason == "length")
+    ids, (text, _, _) = dp_references[i]
     longer = MAX_TOKENS + 8
-    longer_text, longer_reason, longer_tokens = expected(greedy_reference([ids], longer)[0])
+    longer_text, longer_reason, longer_tokens = expected(
+        greedy_reference([ids], longer, engine=committed_llm_engine())[0], longer)
     results = run(dp_server.grpc_url, {"default": case_inputs(CASES[i], stream=True, max_tokens=None),
                                        "given": case_inputs(CASES[i], stream=False, max_tokens=longer)})
     chunks, reason, prompt_tokens, tokens = results["default"]
