@@ -26,12 +26,17 @@ TEST_ENGINE_VARIABLE = "TRITONFRONT_TEST_ENGINE"
 TEST_ENGINE_SETTINGS = {"llama_cpp": ("--set", "llm.prompt_cache=false")}
 
 
-def committed_llm_engine() -> str:
-    """The `engine` parameter of the committed llm config."""
+def read_model_config(model_dir: Path):
+    """A model folder's config.pbtxt as Triton's ModelConfig message."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    config = text_format.Parse((MODEL_REPOSITORY / "llm" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    return text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def committed_llm_engine() -> str:
+    """The `engine` parameter of the committed llm config."""
+    config = read_model_config(MODEL_REPOSITORY / "llm")
     if "engine" not in config.parameters:
         raise ValueError(f"{MODEL_REPOSITORY / 'llm' / 'config.pbtxt'} has no `engine` parameter")
     return config.parameters["engine"].string_value
@@ -77,10 +82,9 @@ def copy_model(out: Path, source: str, name: str, code: Optional[Path] = None, *
     changed and the same code (or the version folder `code`), so two variants can be compared in
     one server."""
     from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
 
     source_dir = out / "model_repository" / source
-    config = text_format.Parse((source_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    config = read_model_config(source_dir)
     config.name = name
     for key, value in parameters.items():
         config.parameters[key].string_value = value

@@ -67,6 +67,14 @@ def greedy_reference(prompts: list[list[int]], max_tokens: int, engine: Optional
                 for ids in prompts]
 
 
+def sent_ids(generated: list[int], max_tokens: int, eos: int) -> tuple[list[int], bool]:
+    """What a server sends of a reference's greedy run, and whether the run ended on an end token
+    (which is not sent): a run stops at its first end token, so one shorter than max_tokens ended
+    on one (the llama_cpp reference stops on any of llama.cpp's end tokens, not only EOS)."""
+    ended = bool(generated) and (len(generated) < max_tokens or generated[-1] == eos)
+    return (generated[:-1] if ended else generated), ended
+
+
 class ScoredGreedy(NamedTuple):
     ids: list[int]  # the greedy continuation, the end token included if reached
     raw: list[np.ndarray]  # per step: log-softmax of the model's logits
@@ -122,7 +130,7 @@ def _llama_cpp_scored_greedy(prompt: list[int], max_tokens: int, repetition_pena
             llama_cpp.llama_sampler_accept(penalties, token)
     candidates = np.zeros(size, dtype=[("id", np.int32), ("logit", np.float32), ("p", np.float32)])
     ids, raw, processed = [], [], []
-    llm.reset()
+    llm.reset()  # no reuse of a previous prompt's cache: every prompt computed from scratch
     llm.eval(prompt)
     try:
         while len(ids) < max_tokens:
@@ -164,19 +172,6 @@ def llama_cpp_reference(threads: int = 2):
 
 
 def llama_cpp_greedy_reference(prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """Llama.generate, greedy, one prompt at a time; the generated ids (the end token included if
-    reached: any of llama.cpp's end-of-generation tokens)."""
-    import llama_cpp
-
-    llm = llama_cpp_reference()
-    vocab = llama_cpp.llama_model_get_vocab(llm.model)
-    results = []
-    for ids in prompts:
-        out = []
-        llm.reset()  # no reuse of a previous prompt's cache: every prompt computed from scratch
-        for token in llm.generate(ids, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
-            out.append(int(token))
-            if llama_cpp.llama_vocab_is_eog(vocab, token) or len(out) == max_tokens:
-                break
-        results.append(out)
-    return results
+    """llama-cpp-python's greedy run, one prompt at a time, each from scratch; the generated ids
+    (the end token included if reached: any of llama.cpp's end-of-generation tokens)."""
+    return [_llama_cpp_scored_greedy(ids, max_tokens, 1.0).ids for ids in prompts]

@@ -20,7 +20,7 @@ from tritonclient.utils import np_to_triton_dtype
 from harness.chunks import streamed_in_intervals
 from harness.clients.http import post
 from harness.model_tokenizers import llm_tokenizer as tokenizer
-from harness.references import greedy_reference, prompt_ids, scored_greedy
+from harness.references import greedy_reference, prompt_ids, scored_greedy, sent_ids
 from tritonfront.core.model_config import LLMConfig
 from tritonfront.core.trtllm_contract import EXTRA_INPUTS, EXTRA_OUTPUTS, INPUTS, OUTPUTS, UNSUPPORTED
 
@@ -129,8 +129,7 @@ def greedy():
     eos = tokenizer().eos_token_id
     results = {}
     for prompt, ids in zip(PROMPTS, greedy_reference(prompts, MAX_TOKENS)):
-        # The llama_cpp reference stops on any of llama.cpp's end tokens, not only EOS.
-        ids = ids[: ids.index(eos)] if eos in ids else ids[:-1] if len(ids) < MAX_TOKENS else ids
+        ids, _ = sent_ids(ids, MAX_TOKENS, eos)
         results[prompt] = (ids, tokenizer().decode(ids, skip_special_tokens=True))
     return results
 

@@ -17,7 +17,7 @@ from harness.clients.streams import Streams, run_requests as run, single_error
 from harness.corpora import PROMPTS
 from harness.deploy import committed_llm_engine, engine_under_test, write_deployment
 from harness.model_tokenizers import llm_tokenizer as tokenizer
-from harness.references import greedy_reference, prompt_ids
+from harness.references import greedy_reference, prompt_ids, sent_ids
 from harness.server import triton_server
 from harness.triton_metrics import rank_values as metric_values
 from tritonfront.core.model_config import LLMConfig
@@ -31,13 +31,9 @@ CASES = [(prompt, False) for prompt in PROMPTS[:8]] + [(prompt, True) for prompt
 
 def expected(ids: list[int], max_tokens: int) -> tuple[str, str, int]:
     """(text, finish_reason, completion_tokens) for a reference's greedy ids: a run that ended on an
-    end token (EOS; the llama_cpp reference stops on any of llama.cpp's end tokens) before or at
-    max_tokens ends with "stop", the end token unsent."""
-    end = ids.index(EOS) if EOS in ids else len(ids) - 1 if len(ids) < max_tokens else None
-    if end is not None:
-        ids = ids[:end]
-        return tokenizer().decode(ids, skip_special_tokens=True), "stop", len(ids)
-    return tokenizer().decode(ids, skip_special_tokens=True), "length", len(ids)
+    end token ends with "stop", the end token unsent."""
+    ids, ended = sent_ids(ids, max_tokens, EOS)
+    return tokenizer().decode(ids, skip_special_tokens=True), "stop" if ended else "length", len(ids)
 
 
 def reference_answers(engine: str) -> list:
