@@ -488,21 +488,34 @@ def embed_report(rep, results: dict) -> list[str]:
 
 
 def plot(generate: dict, embed: dict, llama: dict):
-    fig, axes = report.plt.subplots(1, 2, figsize=(13, 4.5))
-    for results, variants in ((generate, (TF, TS, CEILING)), (llama, (TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING))):
-        for max_tokens in sorted({m for m, _ in results}):
-            for variant, style in zip(variants, ("-o", "--s", ":^")):
-                points = sorted((s, med(r, variant, "rate")) for (m, s), r in results.items() if m == max_tokens)
-                if points:
-                    axes[0].plot(*zip(*points), style, label=f"{variant}, {max_tokens} tokens")
-    axes[0].set(xscale="log", xlabel="concurrent streams", ylabel="output tokens/s", title="generate")
-    for tokens in sorted({t for t, b, _ in embed if b == 1}):
-        for variant, style in ((TF_GRPC, "-o"), (TF_HTTP, "-.x"), (INFINITY, "--s")):
-            points = sorted((c, med(r, variant, "rate")) for (t, b, c), r in embed.items() if t == tokens and b == 1)
-            if points:
-                axes[1].plot(*zip(*points), style, label=f"{variant}, ~{tokens} tokens")
-    axes[1].set(xscale="log", xlabel="concurrent clients (one text each)", ylabel="texts/s", title="embed")
-    for ax in axes:
+    """A panel per measure of each comparison that ran: tok/s and TTFT P99 for generate and llama
+    (the targets are both), texts/s for embed."""
+    panels = []
+    for title, results, variants in (("generate", generate, (TF, TS, CEILING)),
+                                     ("llama", llama, (TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING))):
+        if results:
+            panels += [(title, results, variants, "rate", "output tokens/s"),
+                       (title, results, variants, "ttft_p99", "TTFT P99 ms")]
+    if embed:
+        panels.append(("embed", embed, None, "rate", "texts/s"))
+    fig, axes = report.plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
+    for ax, (title, results, variants, key, label) in zip(axes[0], panels):
+        if variants is None:
+            for tokens in sorted({t for t, b, _ in results if b == 1}):
+                for variant, style in ((TF_GRPC, "-o"), (TF_HTTP, "-.x"), (INFINITY, "--s")):
+                    points = sorted((c, med(r, variant, key)) for (t, b, c), r in results.items()
+                                    if t == tokens and b == 1)
+                    if points:
+                        ax.plot(*zip(*points), style, label=f"{variant}, ~{tokens} tokens")
+            ax.set(xlabel="concurrent clients (one text each)")
+        else:
+            for max_tokens in sorted({m for m, _ in results}):
+                for variant, style in zip(variants, ("-o", "--s", ":^")):
+                    points = sorted((s, med(r, variant, key)) for (m, s), r in results.items() if m == max_tokens)
+                    if points:
+                        ax.plot(*zip(*points), style, label=f"{variant}, {max_tokens} tokens")
+            ax.set(xlabel="concurrent streams")
+        ax.set(xscale="log", ylabel=label, title=f"{title}: {label} (medians over rounds)")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     return fig

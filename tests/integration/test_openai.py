@@ -15,14 +15,11 @@ from typing import Optional
 import numpy as np
 import openai
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 from harness.clients import kserve
 from harness.clients.openai import call, error_of, sdk
 from harness.clients.streams import one_streamed_request
 from harness.corpora import varied_texts
-from harness.paths import ENSEMBLES
 from harness.references import cosines, sentence_transformer
 from harness.server import free_ports
 
@@ -30,17 +27,6 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "
              "Explain gravity in one sentence."]
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,", "Once upon a time"]
 MAX_TOKENS = 24
-
-
-def generate_inputs_declared() -> set[str]:
-    config = text_format.Parse((ENSEMBLES / "generate" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
-    return {tensor.name for tensor in config.input}
-
-
-def needs(*inputs: str):
-    missing = sorted(set(inputs) - generate_inputs_declared())
-    return pytest.mark.skipif(bool(missing), reason=f"generate has no input {', '.join(missing)} yet "
-                                                    "(TensorRT-LLM's ensemble contract, branch contract)")
 
 
 @pytest.fixture(scope="module")
@@ -172,15 +158,13 @@ def test_seeded_sampling_is_reproducible_and_equals_generate(client, openai_serv
     request = dict(model="generate", prompt=PROMPTS[3], max_tokens=MAX_TOKENS, temperature=0.9, top_p=0.95, seed=1234)
     first, second = (client.completions.create(**request).choices[0].text for _ in range(2))
     assert first == second
-    seed_input = "seed" if "seed" in generate_inputs_declared() else "random_seed"
     expected = generate(openai_server, PROMPTS[3], temperature=0.9, top_p=0.95,
-                        **{seed_input: np.array([[1234]], dtype=np.uint64)})
+                        seed=np.array([[1234]], dtype=np.uint64))
     assert first == expected["text_output"]
     other = client.completions.create(**{**request, "seed": 99}).choices[0].text
     assert other != first  # the seed matters: sampling, not greedy
 
 
-@needs("num_return_sequences")
 def test_n_choices_whole_and_streamed(client):
     request = dict(model="generate", messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=16, temperature=0)
     one = client.chat.completions.create(**request).choices[0].message.content
@@ -195,7 +179,6 @@ def test_n_choices_whole_and_streamed(client):
     assert answer.usage.completion_tokens == 3 * client.chat.completions.create(**request).usage.completion_tokens
 
 
-@needs("return_log_probs")
 def test_logprobs_are_the_ensembles_output_log_probs(client, openai_server):
     answer = client.chat.completions.create(model="generate", messages=[{"role": "user", "content": QUESTIONS[0]}],
                                             max_tokens=12, temperature=0, logprobs=True)
@@ -213,7 +196,6 @@ def test_logprobs_are_the_ensembles_output_log_probs(client, openai_server):
     assert all(abs(t.logprob - max(a.logprob for a in t.top_logprobs)) < 1e-5 for t in alternatives)
 
 
-@needs("presence_penalty", "frequency_penalty")
 def test_penalties_reach_the_engine_as_generate_takes_them(client, openai_server):
     prompt = "The cat sat on the mat. The cat sat on the mat. The cat"
     for penalty in ({"presence_penalty": 1.5}, {"frequency_penalty": 1.5}):
@@ -222,7 +204,6 @@ def test_penalties_reach_the_engine_as_generate_takes_them(client, openai_server
         assert answer.choices[0].text == expected["text_output"]
 
 
-@needs("guided_decoding_guide_type", "guided_decoding_guide")
 def test_response_format_json_object_and_json_schema(client):
     # A guide constrains the tokens, not the length: this prompt leads the bundled model to close
     # its object well within max_tokens ("Describe a cat as JSON" made it add keys until the limit).

@@ -8,11 +8,8 @@ import json
 import jsonschema
 import openai
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
 
 from harness.clients.openai import async_sdk, call, sdk
-from harness.paths import ENSEMBLES
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -33,11 +30,6 @@ ASKS = ["What's the weather in {c}?", "Is it cold in {c} this week?", "Should I 
         "Find me news about {c}.", "Temperature in {c} in fahrenheit for 3 days, please."]
 PROMPTS = [ask.format(c=city) for city in CITIES for ask in ASKS]  # 50
 MAX_TOKENS = 64  # a forced call of these schemas fits (no free whitespace; strings bounded)
-
-
-def generate_inputs() -> set[str]:
-    config = text_format.Parse((ENSEMBLES / "generate" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
-    return {tensor.name for tensor in config.input}
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +175,6 @@ def test_bad_tool_requests_are_400_naming_the_field(client):
         assert caught.value.body["param"] == param, caught.value.body
 
 
-@pytest.mark.skipif("top_logprobs" not in generate_inputs(),
-                    reason="generate has no top_logprobs input yet (branch core, /work/notes/interfaces.md)")
 @pytest.mark.parametrize("k", [1, 5, 20])
 def test_top_logprobs(client, k):
     chat = client.chat.completions.create(model="generate", messages=messages("Name three colours."),

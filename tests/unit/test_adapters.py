@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2
+from google.protobuf import json_format
 
+from harness.deploy import read_model_config
 from tritonfront.core import model_sources
 from tritonfront.core.delivery import SLOTS, Acknowledger, ack_table_path, model_key
 from tritonfront.engines import Engine, EngineOutput
@@ -75,8 +75,7 @@ def triton_args(model: str, name: str = "", parameters: dict = {}, **config_chan
     """initialize's args for the committed config of `model` (as Triton's JSON, with the instance
     group names Triton fills in), served as `name`, with these parameters and fields changed."""
     name = name or model
-    config = text_format.Parse((ROOT / "model_repository" / model / "config.pbtxt").read_text(),
-                               model_config_pb2.ModelConfig())
+    config = read_model_config(ROOT / "model_repository" / model)
     config.name = name
     for key, value in parameters.items():
         config.parameters[key].string_value = value

@@ -5,9 +5,9 @@ import os
 from pathlib import Path
 
 import pytest
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from harness.deploy import read_model_config
 from tritonfront.core import trtllm_contract as contract
 from tritonfront.errors import InvalidInput
 
@@ -15,13 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DTYPE = model_config_pb2.DataType
 
 
-def config(path: Path) -> model_config_pb2.ModelConfig:
-    return text_format.Parse((path / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
-
-
 @pytest.fixture(scope="module")
 def ensemble():
-    return config(ROOT / "ensembles" / "generate")
+    return read_model_config(ROOT / "ensembles" / "generate")
 
 
 def declared(tensors) -> dict:
@@ -52,7 +48,7 @@ def test_every_input_reaches_a_step_that_declares_it_with_the_same_type(ensemble
     ensemble_inputs = {t.name: t for t in ensemble.input}
     read = set()
     for name, step in steps.items():
-        model = {t.name: t for t in config(ROOT / "model_repository" / name).input}
+        model = {t.name: t for t in read_model_config(ROOT / "model_repository" / name).input}
         for key, value in step.input_map.items():
             assert key in model, f"{name} does not declare {key}"
             if value in ensemble_inputs:
@@ -65,7 +61,7 @@ def test_every_input_reaches_a_step_that_declares_it_with_the_same_type(ensemble
 
 def test_every_output_comes_from_the_detokenizer_which_declares_it(ensemble):
     last = ensemble.ensemble_scheduling.step[-1]
-    detokenizer = {t.name: t for t in config(ROOT / "model_repository" / "detokenizer").output}
+    detokenizer = {t.name: t for t in read_model_config(ROOT / "model_repository" / "detokenizer").output}
     assert {value: key for key, value in last.output_map.items()} == {t.name: t.name for t in ensemble.output}
     for output in ensemble.output:
         assert (detokenizer[output.name].data_type, list(detokenizer[output.name].dims)) == (
@@ -73,8 +69,8 @@ def test_every_output_comes_from_the_detokenizer_which_declares_it(ensemble):
 
 
 def test_what_the_llm_sends_the_detokenizer_passes_on(ensemble):
-    llm = {t.name for t in config(ROOT / "model_repository" / "llm").output}
-    detokenizer = config(ROOT / "model_repository" / "detokenizer")
+    llm = {t.name for t in read_model_config(ROOT / "model_repository" / "llm").output}
+    detokenizer = read_model_config(ROOT / "model_repository" / "detokenizer")
     optional_inputs = {t.name for t in detokenizer.input if t.optional}
     for name in (*contract.ALWAYS_PASSED, *contract.REQUESTED_PASSED, *contract.TOP_LOG_PROB_OUTPUTS):
         assert name in llm and name in optional_inputs and name in {t.name for t in detokenizer.output}
@@ -91,13 +87,13 @@ def test_contract_tables_name_only_contract_inputs():
     assert set(contract.UNMEASURED_PERF_METRICS) <= set(contract.PERF_METRIC_OUTPUTS)
 
 
-def test_a_deployment_serves_both_names_from_the_one_config(tmp_path):
+def test_a_deployment_serves_both_names_from_the_one_read_model_config(tmp_path):
     import subprocess
     import sys
 
     subprocess.run([sys.executable, str(ROOT / "scripts" / "configure.py"), "--out", str(tmp_path), "--dp", "2"],
                    check=True, capture_output=True)
-    written = {name: config(tmp_path / "ensembles" / name) for name in ("generate", "ensemble")}
+    written = {name: read_model_config(tmp_path / "ensembles" / name) for name in ("generate", "ensemble")}
     assert written["generate"] == written["ensemble"] and written["generate"].name == ""
     assert (tmp_path / "ensembles" / "ensemble" / "1").resolve() == (ROOT / "ensembles" / "generate" / "1").resolve()
 
