@@ -3,6 +3,7 @@ broken import fails here and not an hour into perf/run_all.sh; run_all.sh runs a
 perf/README.md describes each with flags it has."""
 import importlib.util
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -34,3 +35,22 @@ def test_run_all_runs_every_benchmark_and_publishes():
     listed = set(re.findall(r"\b(bench_\w+|soak)\b", run_all))
     assert listed == {s.stem for s in SCRIPTS}
     assert "--publish" in run_all
+
+
+def test_bench_peers_plots_a_panel_per_measure_of_each_comparison_that_ran():
+    spec = importlib.util.spec_from_file_location("perf_bench_peers_plot", ROOT / "perf" / "bench_peers.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def measured(rate: float, ttft_p99: float) -> SimpleNamespace:
+        return SimpleNamespace(rate=rate, ttft_p99=ttft_p99)
+
+    llama = {(64, streams): [{bench.TF_LLAMA: measured(300, 500), bench.LLAMA_SERVER: measured(250, 450),
+                              bench.LLAMA_CEILING: measured(320, 440)}] for streams in (16, 64)}
+    figure = bench.plot({}, {}, llama)
+    titles = [ax.get_title() for ax in figure.axes]
+    assert titles == ["llama: output tokens/s (medians over rounds)", "llama: TTFT P99 ms (medians over rounds)"]
+    assert [len(line.get_xdata()) for line in figure.axes[1].lines] == [2, 2, 2]
+    embed = {(90, 1, clients): [{bench.TF_GRPC: measured(40, 600), bench.TF_HTTP: measured(41, 650),
+                                 bench.INFINITY: measured(31, 620)}] for clients in (1, 16)}
+    assert [ax.get_title().split(":")[0] for ax in bench.plot({}, embed, llama).axes] == ["llama", "llama", "embed"]
