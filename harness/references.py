@@ -2,6 +2,7 @@
 folder; for generation, each engine's own model run alone: transformers' `generate` on the LLM
 folder (the hf engine's reference), llama-cpp-python on the LLM's GGUF (the llama_cpp engine's).
 Models load once per process."""
+import atexit
 import functools
 import os
 import warnings
@@ -146,9 +147,7 @@ def _llama_cpp_scored_greedy(prompt: list[int], max_tokens: int, repetition_pena
             processed.append(_log_softmax(logits))
             token = int(logits.argmax())
             ids.append(token)
-            if llama_cpp.llama_vocab_is_eog(vocab, token):
-                break
-            if len(ids) == max_tokens:
+            if llama_cpp.llama_vocab_is_eog(vocab, token) or len(ids) == max_tokens:
                 break
             if penalties is not None:
                 llama_cpp.llama_sampler_accept(penalties, token)
@@ -167,8 +166,12 @@ def llama_cpp_reference(threads: int = 2):
 
     # Flash attention as llama-server and the llama_cpp engine run it on the CPU (llama.cpp's default
     # "auto"; Llama's own default turns it off): without it greedy ids part on near ties.
-    return llama_cpp.Llama(model_path=str(model_sources.llm_gguf_file()), n_ctx=2048, n_threads=threads,
-                           flash_attn=True, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(model_sources.llm_gguf_file()), n_ctx=2048, n_threads=threads,
+                          flash_attn=True, verbose=False)
+    # Freed before the interpreter tears llama_cpp's module down: left to Llama.__del__ at exit, the
+    # free ran after llama_cpp's globals were gone and printed a TypeError at the end of the tests.
+    atexit.register(llm.close)
+    return llm
 
 
 def llama_cpp_greedy_reference(prompts: list[list[int]], max_tokens: int) -> list[list[int]]:

@@ -13,11 +13,17 @@ SCRIPTS = sorted((ROOT / "perf").glob("bench_*.py")) + [ROOT / "perf" / "soak.py
 FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
-def test_benchmark_imports_answers_help_and_is_described(script, monkeypatch, capsys):
+def load_script(script):
+    """A perf script as a module (perf/ is not a package)."""
     spec = importlib.util.spec_from_file_location(f"perf_{script.stem}", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
+def test_benchmark_imports_answers_help_and_is_described(script, monkeypatch, capsys):
+    module = load_script(script)
     monkeypatch.setattr("sys.argv", [str(script), "--help"])
     with pytest.raises(SystemExit) as done:
         module.main()
@@ -38,9 +44,7 @@ def test_run_all_runs_every_benchmark_and_publishes():
 
 
 def test_bench_peers_plots_a_panel_per_measure_of_each_comparison_that_ran():
-    spec = importlib.util.spec_from_file_location("perf_bench_peers_plot", ROOT / "perf" / "bench_peers.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(ROOT / "perf" / "bench_peers.py")
 
     def measured(rate: float, ttft_p99: float) -> SimpleNamespace:
         return SimpleNamespace(rate=rate, ttft_p99=ttft_p99)
