@@ -121,10 +121,11 @@ def copy_embed_repository(target: Path) -> Path:
     return target
 
 
-def load_adapter(path: Path, module_name: str) -> ModuleType:
-    """A model.py as a module, for a benchmark-only model that builds on another model's adapter
-    (perf/baseline_repository/); Triton loads each model.py under one name, so importing it is no
-    option."""
+def load_module(path: Path, module_name: str) -> ModuleType:
+    """A Python file outside any package as a module named `module_name`: a model.py for a
+    benchmark-only model that builds on another model's adapter (perf/baseline_repository/; Triton
+    loads each model.py under one name, so importing it is no option), or a script the tests load
+    (scripts/, perf/)."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

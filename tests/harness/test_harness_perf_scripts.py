@@ -1,29 +1,21 @@
 """Every benchmark in perf/ imports (the harness, the library) and parses its arguments, so a
 broken import fails here and not an hour into perf/run_all.sh; run_all.sh runs all of them, and
 perf/README.md describes each with flags it has."""
-import importlib.util
 import re
 from types import SimpleNamespace
 
 import pytest
 
+from harness.deploy import load_module
 from harness.paths import ROOT
 
 SCRIPTS = sorted((ROOT / "perf").glob("bench_*.py")) + [ROOT / "perf" / "soak.py"]
 FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 
 
-def load_script(script):
-    """A perf script as a module (perf/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"perf_{script.stem}", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
 def test_benchmark_imports_answers_help_and_is_described(script, monkeypatch, capsys):
-    module = load_script(script)
+    module = load_module(script, f"perf_{script.stem}")
     monkeypatch.setattr("sys.argv", [str(script), "--help"])
     with pytest.raises(SystemExit) as done:
         module.main()
@@ -44,7 +36,7 @@ def test_run_all_runs_every_benchmark_and_publishes():
 
 
 def test_bench_peers_plots_a_panel_per_measure_of_each_comparison_that_ran():
-    bench = load_script(ROOT / "perf" / "bench_peers.py")
+    bench = load_module(ROOT / "perf" / "bench_peers.py", "perf_bench_peers")
 
     def measured(rate: float, ttft_p99: float) -> SimpleNamespace:
         return SimpleNamespace(rate=rate, ttft_p99=ttft_p99)

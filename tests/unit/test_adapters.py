@@ -3,7 +3,6 @@
 committed config.pbtxt as initialize's args, requests in, responses or decoupled sends out.
 Tokenizers, encoder and pooling head are the bundled models; the llm's engine is a small fake."""
 import contextlib
-import importlib.util
 import itertools
 import json
 import os
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 from google.protobuf import json_format
 
-from harness.deploy import read_model_config
+from harness.deploy import load_module, read_model_config
 from tritonfront.core import model_sources
 from tritonfront.core.delivery import SLOTS, Acknowledger, ack_table_path, model_key
 from tritonfront.engines import Engine, EngineOutput
@@ -31,10 +30,7 @@ LLM_NAMES = itertools.count()
 
 
 def fake_pb_utils():
-    spec = importlib.util.spec_from_file_location("triton_python_backend_utils", Path(__file__).with_name("fake_pb_utils.py"))
-    fake = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fake)
-    return fake
+    return load_module(Path(__file__).with_name("fake_pb_utils.py"), "triton_python_backend_utils")
 
 
 @contextlib.contextmanager
@@ -92,10 +88,7 @@ def triton_args(model: str, name: str = "", parameters: dict = {}, **config_chan
 
 
 def load_adapter(pb_utils, model: str):
-    spec = importlib.util.spec_from_file_location(f"adapter_{model}", ROOT / "model_repository" / model / "1" / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(ROOT / "model_repository" / model / "1" / "model.py", f"adapter_{model}")
 
 
 def started(pb_utils, model: str, **args):

@@ -1,14 +1,11 @@
 """scripts/configure.py refuses what the models would refuse at load time, naming it, and writes
 nothing then."""
-import importlib.util
-
 import pytest
 
+from harness.deploy import load_module
 from harness.paths import ROOT
 
-spec = importlib.util.spec_from_file_location("configure", ROOT / "scripts" / "configure.py")
-configure = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(configure)
+configure = load_module(ROOT / "scripts" / "configure.py", "configure")
 
 
 def refused(capsys, tmp_path, *args) -> str:

@@ -87,7 +87,7 @@ def test_contract_tables_name_only_contract_inputs():
     assert set(contract.UNMEASURED_PERF_METRICS) <= set(contract.PERF_METRIC_OUTPUTS)
 
 
-def test_a_deployment_serves_both_names_from_the_one_read_model_config(tmp_path):
+def test_a_deployment_serves_both_names_from_the_one_config(tmp_path):
     import subprocess
     import sys
 

@@ -15,10 +15,10 @@ from pathlib import Path
 from tritonfront.core.fanout import submit_group
 from tritonfront.stubs import glue
 
-from harness.deploy import load_adapter
+from harness.deploy import load_module
 
-step_timed = load_adapter(Path(__file__).resolve().parents[2] / "llm_step_timed" / "1" / "model.py",
-                          "tritonfront_llm_step_timed")
+step_timed = load_module(Path(__file__).resolve().parents[2] / "llm_step_timed" / "1" / "model.py",
+                         "tritonfront_llm_step_timed")
 
 
 class PrepareInLoop(step_timed.StepTimer):

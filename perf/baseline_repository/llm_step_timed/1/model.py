@@ -13,11 +13,11 @@ import tritonfront
 from tritonfront.core.generation_loop import TurnHooks
 from tritonfront.core.rank_load import MetricSpec
 
-from harness.deploy import load_adapter
+from harness.deploy import load_module
 
 # The llm adapter of the same checkout as the library this stub imports.
 COMMITTED_LLM = Path(tritonfront.__file__).resolve().parents[2] / "model_repository" / "llm" / "1" / "model.py"
-committed = load_adapter(COMMITTED_LLM, "tritonfront_committed_llm")
+committed = load_module(COMMITTED_LLM, "tritonfront_committed_llm")
 
 STEP_SECONDS = MetricSpec("tritonfront_llm_step_seconds",
                           "Work of one generation loop turn once the engine's outputs are in hand", "histogram")
