@@ -11,6 +11,7 @@ cd "$TRITONFRONT_ROOT"
 benchmarks=(
   "bench_peers"
   "bench_cost_account"
+  "bench_front_end_cores"
   "bench_bursts --rounds 4 --bursts 8 --singles 10"
   "bench_pooler"
   "bench_tokenizer"
