@@ -10,6 +10,9 @@ code is never copied.
     scripts/configure.py --out /tmp/deploy --queue encoder=256:2000 --queue llm=128:30000
     scripts/configure.py --out /tmp/deploy --queue-delay llm_tokenizer=2000 --queue-delay llm=2000
     TRITONFRONT_REPOSITORIES=/tmp/deploy/model_repository:/tmp/deploy/ensembles scripts/serve.sh
+
+The committed files' tensors that a contract decides are written from its declaration (DECLARATIONS):
+    scripts/configure.py --write-committed
 """
 import argparse
 import os
@@ -39,6 +42,7 @@ if __name__ == "__main__":  # imported (by a test), it is already in some venv: 
 from google.protobuf import text_format  # noqa: E402 (installed in the venv entered above)
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
+from tritonfront.core import config_tensors, trtllm_contract  # noqa: E402
 from tritonfront.core.model_config import CONFIGS, PARAMETERS, ConfigError, validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +54,9 @@ GPU_MODELS = ("encoder", "llm")
 # differently once another sequence's cells are freed (docs/configuration.md), so llama_cpp gets a
 # cache per sequence, 64 sequences of 1,024 tokens (llama-server's -np 64 layout). --set overrides.
 ENGINE_PARAMETERS = {"llama_cpp": {"kv_unified": "false", "max_num_seqs": "64", "kv_cache_tokens": "65536"}}
+# The declarations whose tensors the committed configs carry between their GENERATED markers
+# (tritonfront.core.config_tensors): --write-committed rewrites those lines from them.
+DECLARATIONS = (trtllm_contract.GENERATE_PIPELINE,)
 
 
 def load(path: Path) -> model_config_pb2.ModelConfig:
@@ -257,9 +264,29 @@ def check_queue_delays(parser, items: list[str]) -> None:
             parser.error(f"--queue-delay {item!r}: MICROSECONDS must be an integer from 0 to {LARGEST}, got {microseconds!r}")
 
 
+def write_committed(parser, args) -> None:
+    """Rewrites the committed configs' generated tensors from DECLARATIONS; nothing is written when
+    a file lacks its markers."""
+    given = [name for name, value in vars(args).items()
+             if name != "write_committed" and value != parser.get_default(name)]
+    if given:
+        parser.error(f"--write-committed rewrites the committed files only; it takes no --{given[0].replace('_', '-')}")
+    try:
+        changed = config_tensors.write_committed(ROOT, REPOSITORIES, DECLARATIONS)
+    except ValueError as error:
+        sys.exit(f"--write-committed: {error}")
+    for path in changed:
+        print(f"rewrote {path.relative_to(ROOT)}")
+    if not changed:
+        print("the committed configs are as declared")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="folder to write model_repository/ and ensembles/ into")
+    parser.add_argument("--out", help="folder to write model_repository/ and ensembles/ into")
+    parser.add_argument("--write-committed", action="store_true",
+                        help="instead of a deployment: rewrite the committed config.pbtxt files' generated tensors "
+                             "from their declarations (src/tritonfront/core/trtllm_contract.py)")
     parser.add_argument("--dp", type=count, help="llm instances = data-parallel ranks (CPU)")
     parser.add_argument("--gpus", type=gpu_list, help="e.g. 0,1: encoder on these GPUs, one llm DP rank per GPU")
     parser.add_argument("--engine", choices=PARAMETERS["llm"]["engine"].choices, help="llm engine")
@@ -279,6 +306,11 @@ def main(argv=None) -> None:
                              "request waits for others to join its batch (perf/bench_bursts.py measures "
                              "what it buys and costs); 0 for the llm when it has several ranks")
     args = parser.parse_args(argv)
+    if args.write_committed:
+        write_committed(parser, args)
+        return
+    if not args.out:
+        parser.error("the following arguments are required: --out (or --write-committed)")
     if args.gpus and args.dp:
         parser.error("--dp is the number of GPUs when --gpus is given")
     check_overrides(parser, args.set)

@@ -29,6 +29,7 @@ PROCESSES = {"stubs", "watchdog", "openai"}
 ROOMS = {"errors": 0, "threads": 0, "engines": 1, "core": 2, **{process: 3 for process in PROCESSES}}
 # The core's own layers, lowest first.
 CORE_LAYERS = [
+    {"config_tensors"},
     {"inputs", "shared_tables", "ragged", "devices", "model_sources", "stopping", "rank_load", "trtllm_contract",
      "triton_flags"},
     {"tokenization", "encoding", "detokenization", "delivery", "balancing", "generation_request", "core_sharing"},

@@ -1,34 +1,50 @@
 """TensorRT-LLM's `ensemble` contract as the `generate` and `ensemble` models serve it: the one
-place that lists its tensors (names, Triton types, shapes, what is optional), their defaults, the
-inputs no engine here can honour and why, and the limits this project adds.
+place that lists its tensors (names, Triton types, shapes, what is optional), the tensors its
+steps (llm_tokenizer -> llm -> detokenizer) pass each other, their defaults, the inputs no engine
+here can honour and why, and the limits this project adds.
 
 Learned from TensorRT-LLM's triton_backend (all_models/inflight_batcher_llm: ensemble,
-preprocessing, tensorrt_llm, postprocessing) and its clients; the configs in ensembles/ and
-model_repository/ are checked against this module by tests/unit/test_trtllm_contract.py, and the
-README's contract table describes it.
+preprocessing, tensorrt_llm, postprocessing) and its clients. The inputs, outputs and ensemble
+steps of ensembles/generate and model_repository/{llm_tokenizer,llm,detokenizer} are written from
+GENERATE_PIPELINE (`python scripts/configure.py --write-committed`, tritonfront.core.config_tensors;
+tests/unit/test_config_tensors.py fails while a committed file differs), and the README's contract
+table describes it.
 """
 import difflib
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Iterable, Optional
 
 from tritonfront.errors import InvalidInput
 
+from ..engines.base import MAX_TOP_LOGPROBS
+from .config_tensors import REQUEST, RESPONSE, Pipeline, PipelineTensor
 
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: str  # Triton's config type
-    dims: tuple[int, ...]  # after the batch dimension
-    optional: bool = True  # inputs only: a request may leave it out
+# The ensemble and its steps, each named by its folder.
+ENSEMBLE, TOKENIZER, LLM, DETOKENIZER = "generate", "llm_tokenizer", "llm", "detokenizer"
+
+# Sequences one request may ask for (prompts times num_return_sequences): each is an engine request.
+MAX_RETURN_SEQUENCES = 16
+MAX_SEQUENCES_PER_REQUEST = 64
+# Stop words and bad words per prompt.
+MAX_WORDS = 16
 
 
-def _inputs(*specs: tuple) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec(*spec) for spec in specs)
+def _request(name: str, dtype: str, dims: tuple, sink: str = LLM, note: str = "",
+             ensemble_note: str = "") -> PipelineTensor:
+    """An input of the ensemble, which the step `sink` takes (`note`: its comment there), optional
+    in both (INPUTS says why)."""
+    return PipelineTensor(name, dtype, dims, REQUEST, sink, optional=True, source_note=ensemble_note, sink_note=note)
 
 
-def _outputs(*specs: tuple) -> tuple[TensorSpec, ...]:
-    return tuple(TensorSpec(*spec, optional=False) for spec in specs)
+def _response(name: str, dtype: str, dims: tuple, note: str = "") -> PipelineTensor:
+    """An output of the ensemble: every one comes from its last step, the detokenizer (`note`:
+    its comment there), so each llm response is one ensemble response."""
+    return PipelineTensor(name, dtype, dims, DETOKENIZER, RESPONSE, source_note=note)
 
+
+_TEXT_INPUT_NOTE = ("Optional to Triton, required by the llm_tokenizer, which names it (Triton 2.51 counts inputs "
+                    "only: src/tritonfront/core/trtllm_contract.py).")
+_MAX_TOKENS_NOTE = "Absent: the rest of the context, lowered by the llm's default_max_tokens parameter."
 
 # TensorRT-LLM's ensemble inputs, in its order. Two differences, both inputs its clients always
 # send: max_tokens, required there, is optional here (a request without it may generate what the
@@ -36,56 +52,68 @@ def _outputs(*specs: tuple) -> tuple[TensorSpec, ...]:
 # parameter); and so is text_input, which the llm_tokenizer requires itself, naming it. Triton 2.51
 # checks only how many inputs a request has: with max_tokens optional, a request that sends one
 # other input and no text_input passed Triton, and the ensemble then answered nothing at all.
-INPUTS = _inputs(
-    ("text_input", "TYPE_STRING", (1,)),
-    ("decoder_text_input", "TYPE_STRING", (1,)),
-    ("max_tokens", "TYPE_INT32", (1,)),
-    ("num_return_sequences", "TYPE_INT32", (1,)),
-    ("bad_words", "TYPE_STRING", (-1,)),
-    ("stop_words", "TYPE_STRING", (-1,)),
-    ("exclude_input_in_output", "TYPE_BOOL", (1,)),
-    ("end_id", "TYPE_INT32", (1,)),
-    ("pad_id", "TYPE_INT32", (1,)),
-    ("top_k", "TYPE_INT32", (1,)),
-    ("top_p", "TYPE_FP32", (1,)),
-    ("temperature", "TYPE_FP32", (1,)),
-    ("length_penalty", "TYPE_FP32", (1,)),
-    ("repetition_penalty", "TYPE_FP32", (1,)),
-    ("min_tokens", "TYPE_INT32", (1,)),
-    ("presence_penalty", "TYPE_FP32", (1,)),
-    ("frequency_penalty", "TYPE_FP32", (1,)),
-    ("seed", "TYPE_UINT64", (1,)),
-    ("return_log_probs", "TYPE_BOOL", (1,)),
-    ("return_context_logits", "TYPE_BOOL", (1,)),
-    ("return_generation_logits", "TYPE_BOOL", (1,)),
-    ("return_perf_metrics", "TYPE_BOOL", (1,)),
-    ("return_num_input_tokens", "TYPE_BOOL", (1,)),
-    ("return_num_output_tokens", "TYPE_BOOL", (1,)),
-    ("beam_width", "TYPE_INT32", (1,)),
-    ("stream", "TYPE_BOOL", (1,)),
-    ("prompt_embedding_table", "TYPE_FP16", (-1, -1)),
-    ("prompt_table_extra_id", "TYPE_UINT64", (1,)),
-    ("prompt_vocab_size", "TYPE_INT32", (1,)),
-    ("embedding_bias_words", "TYPE_STRING", (-1,)),
-    ("embedding_bias_weights", "TYPE_FP32", (-1,)),
-    ("lora_task_id", "TYPE_UINT64", (1,)),
-    ("lora_weights", "TYPE_FP16", (-1, -1)),
-    ("lora_config", "TYPE_INT32", (-1, 3)),
-    ("guided_decoding_guide_type", "TYPE_STRING", (1,)),
-    ("guided_decoding_guide", "TYPE_STRING", (1,)),
+INPUTS = (
+    _request("text_input", "TYPE_STRING", (1,), TOKENIZER, _TEXT_INPUT_NOTE, ensemble_note=_TEXT_INPUT_NOTE),
+    _request("decoder_text_input", "TYPE_STRING", (1,)),
+    _request("max_tokens", "TYPE_INT32", (1,), note=_MAX_TOKENS_NOTE, ensemble_note=_MAX_TOKENS_NOTE),
+    _request("num_return_sequences", "TYPE_INT32", (1,)),
+    _request("bad_words", "TYPE_STRING", (-1,), TOKENIZER,
+             f"At most {MAX_WORDS} non-empty strings per prompt; the engine never generates their token ids."),
+    _request("stop_words", "TYPE_STRING", (-1,), TOKENIZER,
+             f"At most {MAX_WORDS} non-empty strings per prompt; each ends generation when its token ids are "
+             "generated."),
+    _request("exclude_input_in_output", "TYPE_BOOL", (1,),
+             note="Absent: the parameter exclude_input_in_output. False: a whole (non-streamed) answer's text "
+                  "starts with its prompt (echo_ids); streamed chunks never do."),
+    _request("end_id", "TYPE_INT32", (1,), note="Ends generation like the model's EOS (which still ends it too)."),
+    _request("pad_id", "TYPE_INT32", (1,)),
+    _request("top_k", "TYPE_INT32", (1,)),
+    _request("top_p", "TYPE_FP32", (1,)),
+    _request("temperature", "TYPE_FP32", (1,),
+             note="TensorRT-LLM's rule: greedy unless top_k > 1 or top_p is given (temperature alone does not "
+                  "sample), then 1.0 unless given; 0 is greedy."),
+    _request("length_penalty", "TYPE_FP32", (1,)),
+    _request("repetition_penalty", "TYPE_FP32", (1,)),
+    _request("min_tokens", "TYPE_INT32", (1,)),
+    _request("presence_penalty", "TYPE_FP32", (1,)),
+    _request("frequency_penalty", "TYPE_FP32", (1,)),
+    _request("seed", "TYPE_UINT64", (1,)),
+    _request("return_log_probs", "TYPE_BOOL", (1,)),
+    _request("return_context_logits", "TYPE_BOOL", (1,)),
+    _request("return_generation_logits", "TYPE_BOOL", (1,)),
+    _request("return_perf_metrics", "TYPE_BOOL", (1,)),
+    _request("return_num_input_tokens", "TYPE_BOOL", (1,)),
+    _request("return_num_output_tokens", "TYPE_BOOL", (1,)),
+    _request("beam_width", "TYPE_INT32", (1,)),
+    _request("stream", "TYPE_BOOL", (1,)),
+    _request("prompt_embedding_table", "TYPE_FP16", (-1, -1)),
+    _request("prompt_table_extra_id", "TYPE_UINT64", (1,)),
+    _request("prompt_vocab_size", "TYPE_INT32", (1,)),
+    _request("embedding_bias_words", "TYPE_STRING", (-1,)),
+    _request("embedding_bias_weights", "TYPE_FP32", (-1,)),
+    _request("lora_task_id", "TYPE_UINT64", (1,)),
+    _request("lora_weights", "TYPE_FP16", (-1, -1)),
+    _request("lora_config", "TYPE_INT32", (-1, 3)),
+    _request("guided_decoding_guide_type", "TYPE_STRING", (1,)),
+    _request("guided_decoding_guide", "TYPE_STRING", (1,)),
 )
 
 # Inputs beside TensorRT-LLM's current ones: the names its older ensembles and clients still send
 # (genai-perf 0.0.16 sends min_length), and ours.
-EXTRA_INPUTS = _inputs(
-    ("random_seed", "TYPE_UINT64", (1,)),
-    ("min_length", "TYPE_INT32", (1,)),
-    ("apply_chat_template", "TYPE_BOOL", (1,)),
+EXTRA_INPUTS = (
+    _request("random_seed", "TYPE_UINT64", (1,)),
+    _request("min_length", "TYPE_INT32", (1,)),
+    _request("apply_chat_template", "TYPE_BOOL", (1,), TOKENIZER,
+             "true: text_input becomes one user message of the model's chat template, with the generation prompt; "
+             "false (default): the raw text, as TensorRT-LLM takes it."),
     # tritonfront's extension for OpenAI-style log probs; TensorRT-LLM's clients never send them.
     # top_logprobs: 0..MAX_TOP_LOGPROBS alternatives per generated token (> 0 also turns the log
     # prob outputs on); return_token_texts: each generated token's share of the text.
-    ("top_logprobs", "TYPE_INT32", (1,)),
-    ("return_token_texts", "TYPE_BOOL", (1,)),
+    _request("top_logprobs", "TYPE_INT32", (1,),
+             note=f"tritonfront's extension (trtllm_contract): alternatives per generated token, "
+                  f"0..{MAX_TOP_LOGPROBS}."),
+    _request("return_token_texts", "TYPE_BOOL", (1,),
+             note="true: the responses carry the flag below, and the detokenizer adds per-token texts."),
 )
 # An older name and the current one mean the same; a request may send either, or both if equal.
 ALIASES = {"random_seed": "seed", "min_length": "min_tokens"}
@@ -93,39 +121,46 @@ ALIASES = {"random_seed": "seed", "min_length": "min_tokens"}
 # TensorRT-LLM's ensemble outputs (its config lists kv_cache_alloc_total_blocks twice; once here).
 # text_output is one string per response: [1] (TensorRT-LLM's postprocessing sends it without the
 # batch dimension, and its clients read it as output[0]); the others are [1, ...].
-OUTPUTS = _outputs(
-    ("text_output", "TYPE_STRING", (-1,)),
-    ("cum_log_probs", "TYPE_FP32", (-1,)),
-    ("output_log_probs", "TYPE_FP32", (-1, -1)),
-    ("context_logits", "TYPE_FP32", (-1, -1)),
-    ("generation_logits", "TYPE_FP32", (-1, -1, -1)),
-    ("batch_index", "TYPE_INT32", (1,)),
-    ("sequence_index", "TYPE_INT32", (1,)),
-    ("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
-    ("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
-    ("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
-    ("arrival_time_ns", "TYPE_INT64", (1,)),
-    ("first_scheduled_time_ns", "TYPE_INT64", (1,)),
-    ("first_token_time_ns", "TYPE_INT64", (1,)),
-    ("last_token_time_ns", "TYPE_INT64", (1,)),
-    ("acceptance_rate", "TYPE_FP32", (1,)),
-    ("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
-    ("total_draft_tokens", "TYPE_INT32", (1,)),
-    ("num_input_tokens", "TYPE_INT32", (1,)),
-    ("num_output_tokens", "TYPE_INT32", (1,)),
+OUTPUTS = (
+    _response("text_output", "TYPE_STRING", (-1,),
+              "UTF-8; a stream's texts concatenate to the decode of all its ids. One string per chunk, without a "
+              "further dimension ([1] for one chunk), as TensorRT-LLM's postprocessing sends it."),
+    _response("cum_log_probs", "TYPE_FP32", (-1,)),
+    _response("output_log_probs", "TYPE_FP32", (-1, -1)),
+    _response("context_logits", "TYPE_FP32", (-1, -1),
+              "Never sent (return_context_logits and return_generation_logits are refused); declared because "
+              "the ensemble declares them, as TensorRT-LLM's does."),
+    _response("generation_logits", "TYPE_FP32", (-1, -1, -1)),
+    _response("batch_index", "TYPE_INT32", (1,)),
+    _response("sequence_index", "TYPE_INT32", (1,)),
+    _response("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
+    _response("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
+    _response("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
+    _response("arrival_time_ns", "TYPE_INT64", (1,)),
+    _response("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+    _response("first_token_time_ns", "TYPE_INT64", (1,)),
+    _response("last_token_time_ns", "TYPE_INT64", (1,)),
+    _response("acceptance_rate", "TYPE_FP32", (1,)),
+    _response("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    _response("total_draft_tokens", "TYPE_INT32", (1,)),
+    _response("num_input_tokens", "TYPE_INT32", (1,)),
+    _response("num_output_tokens", "TYPE_INT32", (1,)),
 )
-EXTRA_OUTPUTS = _outputs(
-    ("finish_reason", "TYPE_STRING", (1,)),
-    ("prompt_tokens", "TYPE_INT32", (1,)),
-    ("completion_tokens", "TYPE_INT32", (1,)),
+EXTRA_OUTPUTS = (
+    _response("finish_reason", "TYPE_STRING", (1,)),
+    _response("prompt_tokens", "TYPE_INT32", (1,)),
+    _response("completion_tokens", "TYPE_INT32", (1,)),
     # Per generated token, shaped as output_log_probs ([1, 1, tokens]) with the alternatives last:
     # the token's share of the UTF-8 bytes of the text (return_token_texts; not valid UTF-8 alone
     # where a token splits a character), and the top_logprobs most likely tokens of the distribution
     # output_log_probs comes from, most likely first, with their log probs and bytes.
-    ("output_token_texts", "TYPE_STRING", (-1, -1)),
-    ("output_top_ids", "TYPE_INT32", (-1, -1, -1)),
-    ("output_top_log_probs", "TYPE_FP32", (-1, -1, -1)),
-    ("output_top_texts", "TYPE_STRING", (-1, -1, -1)),
+    _response("output_token_texts", "TYPE_STRING", (-1, -1),
+              "Each generated token's share of the text's UTF-8 bytes ([1, 1, tokens]): joined over a sequence "
+              "they decode to its text (tritonfront/core/detokenization.py)."),
+    _response("output_top_ids", "TYPE_INT32", (-1, -1, -1)),
+    _response("output_top_log_probs", "TYPE_FP32", (-1, -1, -1)),
+    _response("output_top_texts", "TYPE_STRING", (-1, -1, -1),
+              "Each alternative's bytes had it been generated there ([1, 1, tokens, k])."),
 )
 
 # Outputs the llm adds to a chunk for the detokenizer to pass on to the client unchanged:
@@ -166,11 +201,96 @@ UNSUPPORTED = {
     "lora_config": "LoRA adapters are not supported",
 }
 
-# Sequences one request may ask for (prompts times num_return_sequences): each is an engine request.
-MAX_RETURN_SEQUENCES = 16
-MAX_SEQUENCES_PER_REQUEST = 64
-# Stop words and bad words per prompt.
-MAX_WORDS = 16
+def _between(source: str, sink: str, name: str, dtype: str, dims: tuple, optional: bool = False, sent: str = "",
+             taken: str = "") -> PipelineTensor:
+    """A tensor one step sends the next (`sent`, `taken`: its comments in the two configs)."""
+    return PipelineTensor(name, dtype, dims, source, sink, optional, source_note=sent, sink_note=taken)
+
+
+# What the llm_tokenizer sends the llm.
+TOKENIZED = (
+    _between(TOKENIZER, LLM, "input_ids", "TYPE_INT32", (-1,)),
+    _between(TOKENIZER, LLM, "input_lengths", "TYPE_INT32", (1,)),
+    _between(TOKENIZER, LLM, "stop_words_ids", "TYPE_INT32", (-1, -1), optional=True,
+             sent="One row per stop word, right-padded with -1; no stop words: a single [-1] row.",
+             taken="One stop sequence per row, right-padded with -1."),
+    _between(TOKENIZER, LLM, "bad_words_ids", "TYPE_INT32", (-1, -1), optional=True,
+             sent="As stop_words_ids, for bad words; sent only when a prompt of the request has bad words.",
+             taken="One sequence per row, right-padded with -1: ids the engine never generates."),
+    _between(TOKENIZER, LLM, "delivery_acknowledged", "TYPE_BOOL", (1,), optional=True,
+             sent="Always true: the ensemble feeds it to the llm, whose chunks its detokenizer acknowledges (an "
+                  "ensemble cannot hold a constant, so the first step supplies it).",
+             taken="true: a later step acknowledges each chunk it decodes (the generate ensemble's detokenizer), "
+                   "so a stream whose chunks stop being acknowledged was abandoned (tritonfront/core/delivery.py)."),
+)
+
+
+def _passed_on(name: str, sent: str = "", taken: str = "") -> PipelineTensor:
+    """An output of the ensemble that the llm adds to a chunk and the detokenizer passes on: the
+    same type and shape at every step."""
+    output = next(tensor for tensor in (*OUTPUTS, *EXTRA_OUTPUTS) if tensor.name == name)
+    return _between(LLM, DETOKENIZER, name, output.dtype, output.dims, optional=True, sent=sent, taken=taken)
+
+
+# What the llm sends the detokenizer: a chunk of a sequence, what the request asked for beside
+# text (ALWAYS_PASSED first), and the chunk's stamp for the acknowledgement.
+CHUNKS = (
+    _between(LLM, DETOKENIZER, "output_ids", "TYPE_INT32", (-1,),
+             sent="The new ids of this response; may be empty on the final one.",
+             taken="The new token ids of this chunk (may be empty on a final chunk)."),
+    _between(LLM, DETOKENIZER, "context_ids", "TYPE_INT32", (-1,),
+             sent="Up to the detokenizer's window of ids generated just before output_ids (never prompt ids).",
+             taken="Up to tritonfront.core.detokenization.DETOKENIZER_WINDOW (8) ids generated right before this "
+                   "chunk; fewer only at the start of a completion."),
+    _between(LLM, DETOKENIZER, "is_final", "TYPE_BOOL", (1,)),
+    _between(LLM, DETOKENIZER, "finish_reason", "TYPE_STRING", (1,),
+             sent='"length", "stop" or "cancelled" on the final response, "" before it.'),
+    _between(LLM, DETOKENIZER, "prompt_tokens", "TYPE_INT32", (1,)),
+    _between(LLM, DETOKENIZER, "completion_tokens", "TYPE_INT32", (1,),
+             sent="Ids sent so far, this response included."),
+    _between(LLM, DETOKENIZER, "echo_ids", "TYPE_INT32", (-1,), optional=True,
+             sent="The prompt's ids, on the final response of a whole answer whose text starts with its prompt "
+                  "(exclude_input_in_output false); absent otherwise.",
+             taken="The prompt's ids before a whole answer that includes its prompt: decoded with it."),
+    _passed_on("batch_index",
+               sent="TensorRT-LLM's outputs, passed on by the detokenizer: the first two always, the others when "
+                    "the request asks (return_log_probs, return_num_*_tokens, return_perf_metrics).",
+               taken="Passed on unchanged when the llm sends them (tritonfront.core.trtllm_contract)."),
+    _passed_on("sequence_index"),
+    *(_passed_on(name) for name in LOG_PROB_OUTPUTS),
+    _passed_on("output_top_ids", sent="[1, 1, tokens, top_logprobs], only when top_logprobs > 0; with their log probs.",
+               taken="The llm's top alternatives: passed on, and their texts added (output_top_texts)."),
+    _passed_on("output_top_log_probs"),
+    _between(LLM, DETOKENIZER, TOKEN_TEXTS_FLAG, "TYPE_BOOL", (1,), optional=True,
+             sent="Sent (true) on every response of a request that asked for per-token texts.",
+             taken="true: add output_token_texts."),
+    *(_passed_on(name) for name in (*PERF_METRIC_OUTPUTS, "num_input_tokens", "num_output_tokens")),
+    _between(LLM, DETOKENIZER, "delivery", "TYPE_INT64", (4,), optional=True,
+             sent="(model key, rank, slot, serial) for the acknowledging step; slot -1: not tracked.",
+             taken="The llm's stamp on this chunk, acknowledged once decoded (tritonfront/core/delivery.py)."),
+)
+
+
+def _with_llm_note(tensor: PipelineTensor) -> PipelineTensor:
+    """A request input the llm refuses or knows by another name, with that said where the llm
+    declares it."""
+    if tensor.name in UNSUPPORTED:
+        note = (f'A value that asks for something is refused: INVALID_ARG "{tensor.name}: '
+                f'{UNSUPPORTED[tensor.name]}" (trtllm_contract.UNSUPPORTED).')
+    elif tensor.name in ALIASES.values():
+        older = next(old for old, current in ALIASES.items() if current == tensor.name)
+        note = f"{older} is its older name; either, or both if equal."
+    else:
+        return tensor
+    return replace(tensor, sink_note=" ".join(filter(None, (tensor.sink_note, note))))
+
+
+# The generate ensemble: its steps, and every tensor from the request to the response.
+GENERATE_PIPELINE = Pipeline(
+    declared_in="GENERATE_PIPELINE in src/tritonfront/core/trtllm_contract.py",
+    ensemble=ENSEMBLE, steps=(TOKENIZER, LLM, DETOKENIZER),
+    tensors=(*(_with_llm_note(tensor) for tensor in (*INPUTS, *EXTRA_INPUTS)), *TOKENIZED, *CHUNKS,
+             *OUTPUTS, *EXTRA_OUTPUTS))
 
 
 # Request parameters Triton itself defines (KServe v2's reserved ones; tritonclient's triton_*):
@@ -195,7 +315,8 @@ def check_request_parameters(names: Iterable[str]) -> None:
                                  "extension every key of the JSON body that is not an input arrives as a parameter")
 
 
-def spec(name: str) -> Optional[TensorSpec]:
+def spec(name: str) -> Optional[PipelineTensor]:
+    """The ensemble's input or output of this name."""
     for tensor in (*INPUTS, *EXTRA_INPUTS, *OUTPUTS, *EXTRA_OUTPUTS):
         if tensor.name == name:
             return tensor
