@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite: unit tests of the library, then integration tests against real
-# tritonserver processes; then the contract tests (marker `contract`) again on the llm engine the
+# The whole test suite: the tests that need no server (unit, harness), then the integration tests
+# against real tritonserver processes (tests/conftest.py orders them); then the contract tests
+# whose result depends on the llm engine (marker `contract`, not `embed`) again on the engine the
 # committed deployment does not run (hf or llama_cpp, through TRITONFRONT_TEST_ENGINE; where
-# llama-cpp-python and the GGUF are there), so both CPU engines keep every contract. Extra
+# llama-cpp-python and the GGUF are there), so both CPU engines keep every contract. Each run
+# ends with its slowest tests; a test that hangs fails at pytest.ini's limit, naming itself. Extra
 # arguments go to both pytest runs (e.g. -k embed, -x, tests/unit; a narrowed run that selects no
 # test counts as passed); with `-m` of its own a run is the user's selection, and the second pass
 # is not made.
@@ -18,7 +20,7 @@ run_pytest() {
   # pytest.ini names tests/ as the default path, so file arguments narrow the run. 5: no test
   # selected, a failure unless arguments narrowed the run (a marker that stopped being set would
   # otherwise pass the second pass with nothing run).
-  python -m pytest -p no:cacheprovider "$@" || {
+  python -m pytest -p no:cacheprovider --durations=25 "$@" || {
     status=$?
     [ "$status" -eq 5 ] && [ "$narrowed" = 1 ] || return "$status"
   }
@@ -42,4 +44,4 @@ model_sources.llm_gguf_file()" 2>/dev/null; then
   exit 0
 fi
 echo "== the contract tests again on the $other engine (TRITONFRONT_TEST_ENGINE=$other)"
-TRITONFRONT_TEST_ENGINE=$other run_pytest -m "contract and not slow" "$@"
+TRITONFRONT_TEST_ENGINE=$other run_pytest -m "contract and not embed and not slow" "$@"

@@ -3,32 +3,63 @@ import pytest
 from harness.deploy import deployment_under_test
 from harness.server import triton_server
 
+# Where a test module runs in the session: the tests that need no server first (they fail fastest
+# and start nothing), then the integration modules with tests on the session deployment, then the
+# modules that only start deployments of their own. A module stays whole, so its module fixtures
+# (references, own deployments) are made once.
+NO_SERVER, SESSION_DEPLOYMENT, OWN_DEPLOYMENT = range(3)
+
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    """The committed repositories, as a user runs them with scripts/serve.sh (or the deployment of
-    the engine TRITONFRONT_TEST_ENGINE names: harness.deploy.deployment_under_test)."""
+def deployment(tmp_path_factory):
+    """The committed repositories with serve.sh's OpenAI front, as a user runs them with
+    scripts/serve.sh (or the deployment of the engine TRITONFRONT_TEST_ENGINE names:
+    harness.deploy.deployment_under_test): the one server the Triton and the OpenAI tests share."""
     out = tmp_path_factory.mktemp("triton")
-    with triton_server(out / "server.log", repositories=deployment_under_test(out)) as running:
-        yield running
-
-
-@pytest.fixture(scope="session")
-def openai_server(tmp_path_factory):
-    """The same deployment with serve.sh's OpenAI front (tests/integration/test_openai*.py)."""
-    out = tmp_path_factory.mktemp("triton-openai")
     with triton_server(out / "server.log", repositories=deployment_under_test(out), openai=True) as running:
         yield running
 
 
-def pytest_collection_modifyitems(items):
-    """Tests on this file's `server` or `openai_server` fixture are the contract tests (marker
-    `contract`): scripts/test.sh runs them again on the other CPU engine. A module's own fixture of
-    the same name (its own deployment) does not count."""
+@pytest.fixture(scope="session")
+def server(deployment):
+    """The session deployment, for tests that talk to Triton."""
+    return deployment
+
+
+@pytest.fixture(scope="session")
+def openai_server(deployment):
+    """The session deployment, for tests that talk to its OpenAI front."""
+    return deployment
+
+
+def _uses_session_deployment(item) -> bool:
+    """Whether the test runs on this file's `server` or `openai_server` fixture. A module's own
+    fixture of the same name (its own deployment) does not count."""
+    definitions = getattr(item, "_fixtureinfo", None)
+    for name in ("server", "openai_server"):
+        chosen = definitions.name2fixturedefs.get(name) if definitions else None
+        if chosen and chosen[-1].func in (server.__wrapped__, openai_server.__wrapped__):
+            return True
+    return False
+
+
+def _module_places(items) -> dict:
+    places = {}
     for item in items:
-        definitions = getattr(item, "_fixtureinfo", None)
-        for name in ("server", "openai_server"):
-            chosen = definitions.name2fixturedefs.get(name) if definitions else None
-            if chosen and chosen[-1].func in (server.__wrapped__, openai_server.__wrapped__):
-                item.add_marker(pytest.mark.contract)
-                break
+        if "/integration/" not in str(item.path):
+            place = NO_SERVER
+        else:
+            place = SESSION_DEPLOYMENT if item.get_closest_marker("contract") else OWN_DEPLOYMENT
+        places[item.path] = min(places.get(item.path, OWN_DEPLOYMENT), place)
+    return places
+
+
+def pytest_collection_modifyitems(items):
+    """Tests on the session deployment are the contract tests (marker `contract`): scripts/test.sh
+    runs those whose result depends on the llm engine (not marked `embed`) again on the other CPU
+    engine. Then the modules in the order above, each one's tests in its file's order."""
+    for item in items:
+        if _uses_session_deployment(item):
+            item.add_marker(pytest.mark.contract)
+    places = _module_places(items)
+    items.sort(key=lambda item: places[item.path])  # stable: collection order within a place

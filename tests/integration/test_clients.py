@@ -64,6 +64,7 @@ def assert_all_requests_measured(output: str, count: int, model: str) -> None:
     assert count - 1 <= successful_requests(output, model) <= count, output[-3000:]
 
 
+@pytest.mark.embed
 def test_perf_analyzer_embeds_with_readmes_line(server):
     command = perf_analyzer_line("embed")
     assert "--input-data" in command and "-i" not in command  # HTTP, perf_analyzer's default protocol
@@ -112,6 +113,7 @@ def litellm_embeddings(response: dict) -> list[list[float]]:
     return vectors
 
 
+@pytest.mark.embed
 def test_litellms_triton_embedding_request_is_answered_as_embed_answers(server):
     status, body = post(server, "/v2/models/embed_texts/infer", litellm_request(TEXTS))
     assert status == 200, body
@@ -121,6 +123,7 @@ def test_litellms_triton_embedding_request_is_answered_as_embed_answers(server):
     assert min(cosines(vectors, reference)) > 0.9999
 
 
+@pytest.mark.embed
 def test_litellms_request_to_embed_itself_says_which_input_it_lacks(server):
     status, body = post(server, "/v2/models/embed/infer", litellm_request(TEXTS))
     assert status == 400 and "unexpected inference input 'input_text'" in body["error"]

@@ -12,6 +12,9 @@ from harness.corpora import varied_texts
 from harness.references import cosines, reference_embeddings, sentence_transformer as reference_model, unit
 from harness.triton_metrics import metric_value
 
+# The embed pipeline alone: its results do not depend on the llm engine (scripts/test.sh).
+pytestmark = pytest.mark.embed
+
 TEXTS = varied_texts()
 MIN_COSINE = 0.9999
 

@@ -22,6 +22,9 @@ from harness.clients.kserve import (
 from harness.corpora import varied_texts
 from harness.references import cosines, reference_embeddings
 
+# The embed pipeline alone: its results do not depend on the llm engine (scripts/test.sh).
+pytestmark = pytest.mark.embed
+
 OVER_LONG = "word " * 300  # 302 tokens with [CLS] and [SEP]
 TOO_BIG = "a" * (64 * 1024 + 1)
 

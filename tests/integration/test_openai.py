@@ -231,6 +231,7 @@ def embed_grpc(server, texts, **kwargs) -> np.ndarray:
         connection.close()
 
 
+@pytest.mark.embed
 def test_embeddings_equal_embed_and_sentence_transformers(client, openai_server):
     # More than one Triton request (64 texts each); no empty string, which OpenAI refuses (400 naming input).
     texts = [text for text in varied_texts() * 2 if text][:70]
@@ -244,6 +245,7 @@ def test_embeddings_equal_embed_and_sentence_transformers(client, openai_server)
     assert answer.usage.prompt_tokens == answer.usage.total_tokens == sum(counts)
 
 
+@pytest.mark.embed
 def test_embedding_dimensions_base64_and_token_ids(client, openai_server):
     texts = ["Triton serves sentence embeddings", "Ensembles chain models"]
     cut = client.embeddings.create(model="embed", input=texts, dimensions=64)
