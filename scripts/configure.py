@@ -7,6 +7,7 @@ code is never copied.
 
     scripts/configure.py --out /tmp/deploy --dp 2 --detokenizers 4
     scripts/configure.py --out /tmp/deploy --gpus 0,1 --engine tensorrt_llm
+    scripts/configure.py --out /tmp/deploy --dp 2 --engine synthetic --set llm.synthetic_step_ms=10
     scripts/configure.py --out /tmp/deploy --queue encoder=256:2000 --queue llm=128:30000
     scripts/configure.py --out /tmp/deploy --queue-delay llm_tokenizer=2000 --queue-delay llm=2000
     TRITONFRONT_REPOSITORIES=/tmp/deploy/model_repository:/tmp/deploy/ensembles scripts/serve.sh
@@ -57,6 +58,10 @@ ENGINE_PARAMETERS = {"llama_cpp": {"kv_unified": "false", "max_num_seqs": "64", 
 # The declarations whose tensors the committed configs carry between their GENERATED markers
 # (tritonfront.core.config_tensors): --write-committed rewrites those lines from them.
 DECLARATIONS = (trtllm_contract.GENERATE_PIPELINE,)
+# synthetic, for capacity runs of up to 1,024 streams per rank: all of them in the running batch and
+# held by the rank (not in Triton's queue), and a KV cache that never limits them (0: max_num_seqs
+# whole contexts); --set llm.kv_cache_tokens=N models a GPU's cache instead.
+ENGINE_PARAMETERS["synthetic"] = {"max_num_seqs": "1024", "max_active_requests": "1024", "kv_cache_tokens": "0"}
 
 
 def load(path: Path) -> model_config_pb2.ModelConfig:

@@ -117,3 +117,25 @@ def test_llama_cpp_gets_a_cache_per_sequence_unless_set_otherwise(tmp_path):
     committed = configure.load(configure.ROOT / "model_repository" / "llm" / "config.pbtxt").parameters
     assert [llm["c"][key].string_value for key in ("max_num_seqs", "kv_cache_tokens")] == \
         [committed[key].string_value for key in ("max_num_seqs", "kv_cache_tokens")]
+
+
+def test_synthetic_is_deployed_for_1024_streams_a_rank_on_each_of_its_ranks(tmp_path):
+    """--engine synthetic: every rank runs and holds 1,024 sequences, its KV cache never the limit
+    (0: max_num_seqs whole contexts); --dp N gives N instances, each its own engine; --set overrides."""
+    from tritonfront.core.model_config import from_model_config
+
+    configure.main(["--out", str(tmp_path / "a"), "--engine", "synthetic", "--dp", "2"])
+    configure.main(["--out", str(tmp_path / "b"), "--engine", "synthetic", "--set", "llm.kv_cache_tokens=65536",
+                    "--set", "llm.synthetic_step_ms=8"])
+    llm = configure.load(tmp_path / "a" / "model_repository" / "llm" / "config.pbtxt")
+    assert llm.instance_group[0].count == 2 and list(llm.dynamic_batching.preferred_batch_size) == [1]
+    config = from_model_config("llm", {"name": "llm", "max_batch_size": 64,
+                                       "model_transaction_policy": {"decoupled": True},
+                                       "parameters": {k: {"string_value": v.string_value}
+                                                      for k, v in llm.parameters.items()}})
+    assert (config.engine, config.max_num_seqs, config.max_active_requests, config.kv_cache_tokens) == \
+        ("synthetic", 1024, 1024, 0)
+    assert llm.dynamic_batching.default_queue_policy.max_queue_size >= 1024
+    other = configure.load(tmp_path / "b" / "model_repository" / "llm" / "config.pbtxt").parameters
+    assert [other[key].string_value for key in ("kv_cache_tokens", "synthetic_step_ms", "max_num_seqs")] == \
+        ["65536", "8", "1024"]

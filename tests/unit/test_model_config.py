@@ -53,7 +53,7 @@ def test_configs_are_frozen():
 
 @pytest.mark.parametrize("kind, name, value, message", [
     ("llm", "engine", "vllm", "parameter engine: 'vllm' is not allowed; it must be one of hf, tensorrt_llm, "
-                              "llama_cpp (default 'hf')"),
+                              "llama_cpp, synthetic (default 'hf')"),
     ("llm", "kv_unified", "yes", "parameter kv_unified: 'yes' is not allowed; it must be one of true, false "
                                  "(default 'true')"),
     ("llm", "dtype", "fp8", f"parameter dtype: 'fp8' is not allowed; it must be one of {', '.join(DTYPES)}"),
@@ -118,7 +118,7 @@ def test_engine_dtypes_are_the_ones_the_config_allows():
     from tritonfront.engines.hf import TORCH_DTYPES
 
     assert ("auto", *TORCH_DTYPES) == DTYPES == PARAMETERS["llm"]["dtype"].choices
-    assert model_config.PARAMETERS["llm"]["engine"].choices == ("hf", "tensorrt_llm", "llama_cpp")
+    assert model_config.PARAMETERS["llm"]["engine"].choices == ("hf", "tensorrt_llm", "llama_cpp", "synthetic")
 
 
 def test_the_llama_cpp_engine_gets_the_gguf_and_a_share_of_the_cores(monkeypatch, tmp_path):

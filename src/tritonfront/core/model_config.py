@@ -123,7 +123,8 @@ class LLMConfig(Config):
     model_source: str = _model_source("llm")
     engine: str = _parameter("hf", "hf: transformers continuous batching (embedded default); tensorrt_llm: "
                                    "TensorRT-LLM's LLM API on KIND_GPU instances; llama_cpp: llama.cpp on the GGUF "
-                                   "as it ships (CPU)", choices=ENGINES)
+                                   "as it ships (CPU); synthetic: no model, the tokenizer's ids at a configured step "
+                                   "time (capacity planning, benchmarks)", choices=ENGINES)
     balancing: str = _parameter("tokens", "tokens: an instance takes new requests only while no other rank has "
                                           "fewer outstanding tokens; none: Triton's own placement",
                                 choices=BALANCING_MODES)
@@ -143,8 +144,8 @@ class LLMConfig(Config):
               "(sooner when later chunks of other streams were); keep it above the longest a chunk may wait for "
               "the detokenizer, so a slow chunk is never taken for lost", minimum=1)
     kv_cache_tokens: int = _parameter(32768, "KV cache size in tokens per rank; 0 sizes it from free memory "
-                                             "(on a GPU), or with llama_cpp from the model's training context",
-                                      minimum=0)
+                                             "(on a GPU), with llama_cpp from the model's training context, with "
+                                             "synthetic as max_num_seqs whole contexts", minimum=0)
     kv_unified: str = _parameter("true", "llama_cpp: true, one KV cache any sequence may fill up to the context; false, "
                                          "kv_cache_tokens split evenly between max_num_seqs sequences (each one's "
                                          "context), attention over a sequence's own cells only (llama-server's -np)",
@@ -163,6 +164,15 @@ class LLMConfig(Config):
     num_threads: int = _parameter(0, "compute threads per instance (torch intra-op threads; llama.cpp's threads with "
                                      "engine llama_cpp); 0: one per core, with llama_cpp split between the ranks",
                                   minimum=0)
+    synthetic_step_ms: int = _parameter(20, "synthetic: milliseconds of an engine step, in which every running "
+                                            "sequence gets one token (the thread sleeps them)", minimum=1)
+    synthetic_step_us_per_seq: int = _parameter(0, "synthetic: microseconds a step lasts longer per running sequence",
+                                                minimum=0)
+    synthetic_prefill_us_per_token: int = _parameter(0, "synthetic: microseconds a step lasts longer per prompt token "
+                                                        "of the requests it admits", minimum=0)
+    synthetic_eos_every: int = _parameter(0, "synthetic: each token is EOS with chance 1/N (output lengths of mean "
+                                             "about N, never below min_tokens); 0: never, every request runs to "
+                                             "max_tokens", minimum=0)
     # One request without max_tokens at temperature 1 can hold a CPU engine for minutes.
     default_max_tokens: int = _parameter(
         0, "tokens a request that sends no max_tokens may generate: 0, what the context leaves after its "
@@ -181,7 +191,11 @@ class LLMConfig(Config):
         return EngineConfig(max_num_seqs=self.max_num_seqs, kv_cache_tokens=self.kv_cache_tokens,
                             max_batch_tokens=self.max_batch_tokens, dtype=self.dtype, attention=self.attention,
                             num_threads=num_threads, gguf_file=gguf_file,
-                            kv_unified=self.kv_unified == "true", prompt_cache=self.prompt_cache == "true")
+                            kv_unified=self.kv_unified == "true", prompt_cache=self.prompt_cache == "true",
+                            synthetic_step_ms=self.synthetic_step_ms,
+                            synthetic_step_us_per_seq=self.synthetic_step_us_per_seq,
+                            synthetic_prefill_us_per_token=self.synthetic_prefill_us_per_token,
+                            synthetic_eos_every=self.synthetic_eos_every)
 
 
 @dataclass(frozen=True)

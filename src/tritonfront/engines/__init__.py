@@ -1,7 +1,8 @@
 """In-flight batching engines behind the `llm` model, chosen by its `engine` parameter.
 
 Each engine module is imported only when chosen: TensorRT-LLM is not installed where the
-transformers engine runs, and the reverse need not hold either (nor llama-cpp-python).
+transformers engine runs, and the reverse need not hold either (nor llama-cpp-python). The
+synthetic engine computes nothing: it emits the tokenizer's ids at a configured step time.
 """
 import threading
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Callable
 
 from .base import ATTENTIONS, DTYPES, Engine, EngineConfig, EngineOutput, SamplingParams
 
-ENGINES = ("hf", "tensorrt_llm", "llama_cpp")
+ENGINES = ("hf", "tensorrt_llm", "llama_cpp", "synthetic")
 
 
 def create_engine(name: str, model_dir: Path, device: str, config: EngineConfig) -> Engine:
@@ -29,6 +30,11 @@ def create_engine(name: str, model_dir: Path, device: str, config: EngineConfig)
         # The folder is the tokenizer's, which guided decoding compiles guides for.
         return _built_on_a_thread_that_ends(
             lambda: LlamaCppEngine.from_gguf(Path(config.gguf_file), device, config, tokenizer_dir=model_dir))
+    if name == "synthetic":
+        from .synthetic import SyntheticEngine
+
+        # No model compute, on any device: the folder gives the tokenizer's vocabulary, end ids and context.
+        return SyntheticEngine.from_folder(model_dir, config)
     raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
 
 

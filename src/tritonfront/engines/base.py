@@ -156,6 +156,13 @@ class EngineConfig:
     # llama.cpp engine with kv_unified False: an ended request's prompt stays in its seq_id's cells
     # for a later request given that seq_id (llama-server's cache_prompt).
     prompt_cache: bool = True
+    # Synthetic engine (engines/synthetic.py): a step lasts step_ms, plus step_us_per_seq per running
+    # sequence, plus prefill_us_per_token per prompt token it admits; with eos_every N > 0 a token is
+    # EOS with chance 1/N, 0 never.
+    synthetic_step_ms: int = 20
+    synthetic_step_us_per_seq: int = 0
+    synthetic_prefill_us_per_token: int = 0
+    synthetic_eos_every: int = 0
 
 
 @dataclass
