@@ -94,19 +94,32 @@ install_into_system_python() {
 # (~/.cache/pip) keeps the wheel, so a later set-up, a new venv or another checkout installs it in
 # seconds. The engine needs only libllama and ggml: LLAMA_CMAKE_ARGS leaves out llava/mtmd, the
 # tools, server, examples and tests, which the sdist would otherwise build too (18.6 min instead of
-# 98 on the shared 2-core machine, docs/usage.md). CMAKE_ARGS overrides them. Without a C++ compiler
-# everything else still works, with a warning.
-LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+# 98 on the shared 2-core machine, docs/usage.md). AMX is left out: GGML_NATIVE turns it on where
+# the CPU lists it, and a virtual machine can list AMX without letting a process use it (an Intel
+# Xeon VM here, 2026-11-28: llama_decode of a batch died with SIGILL on `tilezero` in ggml's AMX
+# matmul; the arch_prctl permission call ggml makes first had succeeded); AMX speeds up int8/bf16
+# matmuls of large batches, nothing a 2-core CPU deployment relies on. CMAKE_ARGS overrides them.
+# The options a build was made with are recorded (LLAMA_BUILD_RECORD beside pip's cache, and in
+# the venv): a cached or installed build made with other options is built again. Without a C++
+# compiler everything else still works, with a warning.
+LLAMA_CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+LLAMA_BUILD_RECORD="${XDG_CACHE_HOME:-$HOME/.cache}/tritonfront/llama-cpp-python.build"
 install_llama_cpp() {
-  local pin version
+  local pin version build
   pin="$(grep -E '^llama-cpp-python==' "$REQUIREMENTS_LLAMA")"
   version="${pin#*==}"
+  build="$version ${CMAKE_ARGS:-$LLAMA_CMAKE_ARGS}"
   if "$VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("llama-cpp-python") != sys.argv[1])' \
-      "$version" 2>/dev/null; then
+      "$version" 2>/dev/null && [ "$(cat "$VENV/llama-cpp-python.build" 2>/dev/null)" = "$build" ]; then
     return
   fi
   local cached
   cached="$("$VENV/bin/python" -m pip cache list "llama_cpp_python-$version-*" 2>/dev/null || true)"
+  if [[ "$cached" == *"llama_cpp_python-$version-"* ]] && [ "$(cat "$LLAMA_BUILD_RECORD" 2>/dev/null)" != "$build" ]; then
+    say "pip's cached build of llama-cpp-python $version was made with other build options: building it again"
+    "$VENV/bin/python" -m pip cache remove "llama_cpp_python-$version-*" >/dev/null 2>&1 || true
+    cached=""
+  fi
   if [[ "$cached" == *"llama_cpp_python-$version-"* ]]; then
     say "installing llama-cpp-python $version from pip's wheel cache (built here before)"
   elif ! command -v c++ >/dev/null && ! command -v g++ >/dev/null; then
@@ -119,6 +132,8 @@ install_llama_cpp() {
   fi
   local log start=$SECONDS
   log="$(mktemp)"
+  # A build made with other options goes first, or pip would keep it as satisfying the pin.
+  "$VENV/bin/python" -m pip uninstall -q -y llama-cpp-python >/dev/null 2>&1 || true
   # -v shows the build's [done/total] lines; only every tenth of them reaches the terminal.
   if ! CMAKE_ARGS="${CMAKE_ARGS:-$LLAMA_CMAKE_ARGS}" \
        CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
@@ -135,6 +150,9 @@ install_llama_cpp() {
     exit 1
   fi
   rm -f "$log"
+  mkdir -p "$(dirname "$LLAMA_BUILD_RECORD")"
+  printf '%s' "$build" > "$LLAMA_BUILD_RECORD"
+  printf '%s' "$build" > "$VENV/llama-cpp-python.build"
   say "llama-cpp-python $version installed in $((SECONDS - start)) s"
 }
 
