@@ -8,12 +8,13 @@ Rooms, highest first (src/tritonfront/__init__.py says what runs where):
   modules of lower layers, so low-level modules never depend on what is built on them;
 - `engines`, below the core;
 - `errors` and `threads`, which every room shares.
-Around the product: tests and benchmarks share harness/; the product imports neither of them nor
-harness/, and harness/ imports neither tests/ nor perf/.
+No class name is defined in two modules. Around the product: tests and benchmarks share harness/;
+the product imports neither of them nor harness/, and harness/ imports neither tests/ nor perf/.
 """
 import ast
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,15 @@ def test_every_module_but_the_stubs_imports_where_triton_does_not_exist():
     result = subprocess.run([sys.executable, "-c", f"import sys; {blocked}; import {modules}"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def defined_classes(path: Path) -> set[str]:
+    return {node.name for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)}
+
+
+def test_no_class_name_is_defined_in_two_modules():
+    where = defaultdict(list)
+    for module, path in product_modules().items():
+        for name in defined_classes(path):
+            where[name].append(module)
+    assert {name: sorted(modules) for name, modules in where.items() if len(modules) > 1} == {}

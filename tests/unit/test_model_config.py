@@ -8,8 +8,9 @@ from tritonclient.grpc import model_config_pb2
 
 from tritonfront.core import model_config
 from tritonfront.engines import DTYPES, EngineConfig
-from tritonfront.core.model_config import (CONFIGS, PARAMETERS, RELOAD_PARAMETER, ConfigError, LLMConfig, from_model_config,
-                                      parse, validate)
+from tritonfront.core.model_config import (CONFIGS, PARAMETERS, RELOAD_PARAMETER, LLMConfig, from_model_config, parse,
+                                      validate)
+from tritonfront.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 
