@@ -42,7 +42,7 @@ CORE_LAYER = {module: depth for depth, modules in enumerate(CORE_LAYERS) for mod
 
 
 def product_modules() -> dict[str, Path]:
-    """The dotted name of every module below tritonfront ("engines.hf", "core.pooling", "openai.router", "errors")."""
+    """The dotted name of every module below tritonfront ("engines.base", "core.pooling", "openai.router", "errors")."""
     return {".".join(path.relative_to(PRODUCT).with_suffix("").parts): path
             for path in PRODUCT.rglob("*.py") if path.name != "__init__.py" or path.parent != PRODUCT}
 

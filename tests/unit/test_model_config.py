@@ -116,7 +116,7 @@ def test_structure_the_code_relies_on_is_checked(model, change, message):
 
 
 def test_engine_dtypes_are_the_ones_the_config_allows():
-    from tritonfront.engines.hf import TORCH_DTYPES
+    from tritonfront.engines.hf.engine import TORCH_DTYPES
 
     assert ("auto", *TORCH_DTYPES) == DTYPES == PARAMETERS["llm"]["dtype"].choices
     assert model_config.PARAMETERS["llm"]["engine"].choices == ("hf", "tensorrt_llm", "llama_cpp", "synthetic")
