@@ -3,7 +3,7 @@
 Rooms, highest first (src/tritonfront/__init__.py says what runs where):
 - processes and their glue, none importing another: `stubs` (inside Triton's Python-backend stubs,
   with the model.py adapters of model_repository/), `watchdog` (beside tritonserver), `openai` (the
-  HTTP front);
+  HTTP front, whose modules import no torch);
 - `core`, the library the stubs run: no Triton, no HTTP; inside it each module imports only
   modules of lower layers, so low-level modules never depend on what is built on them;
 - `engines`, below the core;
@@ -12,6 +12,7 @@ No class name is defined in two modules. Around the product: tests and benchmark
 the product imports neither of them nor harness/, and harness/ imports neither tests/ nor perf/.
 """
 import ast
+import json
 import subprocess
 import sys
 from collections import defaultdict
@@ -31,8 +32,8 @@ ROOMS = {"errors": 0, "threads": 0, "engines": 1, "core": 2, **{process: 3 for p
 # The core's own layers, lowest first.
 CORE_LAYERS = [
     {"config_tensors"},
-    {"inputs", "shared_tables", "ragged", "devices", "model_sources", "stopping", "rank_load", "trtllm_contract",
-     "triton_flags"},
+    {"inputs", "shared_tables", "padding", "ragged", "devices", "model_sources", "stopping", "rank_load",
+     "trtllm_contract", "triton_flags"},
     {"tokenization", "encoding", "detokenization", "delivery", "balancing", "generation_request", "core_sharing"},
     {"pooling", "generation_loop"},
     {"fanout"},
@@ -144,3 +145,15 @@ def test_no_class_name_is_defined_in_two_modules():
         for name in defined_classes(path):
             where[name].append(module)
     assert {name: sorted(modules) for name, modules in where.items() if len(modules) > 1} == {}
+
+
+def test_the_openai_front_imports_no_torch():
+    """Every module of the front (its app, its entry point, what they import from the core and the
+    engines), imported in a fresh interpreter: torch is not among the modules loaded."""
+    modules = ", ".join(f"tritonfront.{m}".removesuffix(".__init__") for m in sorted(product_modules())
+                        if room(m) == "openai")
+    script = (f"import sys, json; import {modules}; "
+              "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == []

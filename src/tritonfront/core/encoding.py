@@ -13,8 +13,8 @@ import torch
 
 from ..errors import InvalidInput
 from .inputs import Inputs, required
+from .padding import pad, unpad
 from .rank_load import ModelMetricSpec
-from .ragged import pad, unpad
 
 
 @dataclass(frozen=True)
