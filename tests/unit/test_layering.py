@@ -4,6 +4,8 @@ Rooms, highest first (src/tritonfront/__init__.py says what runs where):
 - processes and their glue, none importing another: `stubs` (inside Triton's Python-backend stubs,
   with the model.py adapters of model_repository/), `watchdog` (beside tritonserver), `openai` (the
   HTTP front, whose modules import no torch);
+- `triton`, the Triton glue the stubs and the watchdog share (what Triton's model args and
+  tritonserver's command line say), importing no Triton module;
 - `core`, the library the stubs run: no Triton, no HTTP; inside it each module imports only
   modules of lower layers, so low-level modules never depend on what is built on them;
 - `engines`, below the core;
@@ -28,12 +30,11 @@ ROOT = PRODUCT.parents[1]
 HARNESS = Path(harness.__file__).parent
 TRITON_ONLY = ("triton_python_backend_utils", "tritonfront.stubs")
 PROCESSES = {"stubs", "watchdog", "openai"}
-ROOMS = {"errors": 0, "threads": 0, "engines": 1, "core": 2, **{process: 3 for process in PROCESSES}}
+ROOMS = {"errors": 0, "threads": 0, "engines": 1, "core": 2, "triton": 3, **{process: 4 for process in PROCESSES}}
 # The core's own layers, lowest first.
 CORE_LAYERS = [
     {"config_tensors"},
-    {"inputs", "shared_tables", "padding", "ragged", "devices", "model_sources", "stopping", "rank_load",
-     "trtllm_contract", "triton_flags"},
+    {"inputs", "shared_tables", "padding", "ragged", "model_sources", "stopping", "rank_load", "trtllm_contract"},
     {"tokenization", "encoding", "detokenization", "delivery", "balancing", "generation_request", "core_sharing"},
     {"pooling", "generation_loop"},
     {"fanout"},

@@ -1,7 +1,8 @@
 import os
 
 from tritonfront.stubs import glue
-from tritonfront.core import balancing, devices, model_sources
+from tritonfront.triton import devices
+from tritonfront.core import balancing, model_sources
 from tritonfront.core.delivery import DeliveryTracker
 from tritonfront.core.detokenization import DETOKENIZER_WINDOW
 from tritonfront.engines import create_engine
