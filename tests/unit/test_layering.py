@@ -10,8 +10,9 @@ Rooms, highest first (src/tritonfront/__init__.py says what runs where):
   modules of lower layers, so low-level modules never depend on what is built on them;
 - `engines`, below the core;
 - `errors` and `threads`, which every room shares.
-No class name is defined in two modules. Around the product: tests and benchmarks share harness/;
-the product imports neither of them nor harness/, and harness/ imports neither tests/ nor perf/.
+No class name is defined in two modules, and no modules import each other in a circle (function
+bodies included). Around the product: tests and benchmarks share harness/; the product imports
+neither of them nor harness/, and harness/ imports neither tests/ nor perf/.
 """
 import ast
 import json
@@ -19,6 +20,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -146,6 +148,93 @@ def test_no_class_name_is_defined_in_two_modules():
         for name in defined_classes(path):
             where[name].append(module)
     assert {name: sorted(modules) for name, modules in where.items() if len(modules) > 1} == {}
+
+
+def resolve(name: str, modules: dict[str, Path]) -> Optional[str]:
+    """The product module an absolute import name loads: itself, its package's __init__, or for
+    a name inside a module (a class, a function), that module; None outside the product."""
+    parts = name.split(".")
+    if parts[0] != "tritonfront":
+        return None
+    parts = parts[1:]
+    while parts:
+        dotted = ".".join(parts)
+        for candidate in (dotted, f"{dotted}.__init__"):
+            if candidate in modules:
+                return candidate
+        parts = parts[:-1]
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the product modules it imports, at any depth (function bodies too). `from p import
+    x` is an edge to p.x where x is a module, otherwise to p."""
+    modules = product_modules()
+    graph = {}
+    for module, path in modules.items():
+        package = ["tritonfront", *module.split(".")[:-1]]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(resolve(alias.name, modules) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                source = ".".join([*base, node.module] if node.module else base)
+                for alias in node.names:
+                    submodule = resolve(f"{source}.{alias.name}", modules)
+                    targets.add(submodule if submodule != resolve(source, modules) else resolve(source, modules))
+        graph[module] = targets - {None, module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, cycles = {}, {}, set(), [], []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            module, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                elif target in on_stack:
+                    low[module] = min(low[module], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[module])
+            if low[module] == index[module]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == module:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": set(), "f": {"d"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_modules_import_each_other_in_a_cycle():
+    graph = import_graph()
+    assert graph["engines.__init__"] >= {"engines.base", "engines.hf.engine"}  # the graph sees function bodies
+    assert import_cycles(graph) == []
 
 
 def test_the_openai_front_imports_no_torch():
