@@ -1,13 +1,13 @@
 """What an engine sends the detokenizer: token streams cut into chunks, each with the context
-window of ids before it (tritonfront.core.detokenization.Chunk)."""
+window of ids before it (tritonfront.core.detokenization.DetokenizerChunk)."""
 import random
 
-from tritonfront.core.detokenization import DETOKENIZER_WINDOW, Chunk
+from tritonfront.core.detokenization import DETOKENIZER_WINDOW, DetokenizerChunk
 
 from .corpora import MULTILINGUAL
 
 
-def chunk_stream(ids: list[int], sizes: list[int], empty_final: bool = False) -> list[Chunk]:
+def chunk_stream(ids: list[int], sizes: list[int], empty_final: bool = False) -> list[DetokenizerChunk]:
     """The chunks an engine sends for `ids` in pieces of `sizes` (the rest in the last piece),
     each with the DETOKENIZER_WINDOW ids before it; `empty_final`: the last chunk carries no ids,
     as when generation ends on a token that is not sent (EOS, a stop word)."""
@@ -15,18 +15,20 @@ def chunk_stream(ids: list[int], sizes: list[int], empty_final: bool = False) ->
     for size in sizes:
         if position + size >= len(ids):
             break
-        chunks.append(Chunk(ids[max(0, position - DETOKENIZER_WINDOW):position], ids[position:position + size], False))
+        chunks.append(DetokenizerChunk(ids[max(0, position - DETOKENIZER_WINDOW):position],
+                                       ids[position:position + size], False))
         position += size
     context = ids[max(0, position - DETOKENIZER_WINDOW):position]
     if empty_final:
-        chunks.append(Chunk(context, ids[position:], False))
-        chunks.append(Chunk(ids[max(0, len(ids) - DETOKENIZER_WINDOW):], [], True))
+        chunks.append(DetokenizerChunk(context, ids[position:], False))
+        chunks.append(DetokenizerChunk(ids[max(0, len(ids) - DETOKENIZER_WINDOW):], [], True))
     else:
-        chunks.append(Chunk(context, ids[position:], True))
+        chunks.append(DetokenizerChunk(context, ids[position:], True))
     return chunks
 
 
-def random_streams(tokenizer, count: int, seed: int, max_chunk: int = 4) -> list[tuple[list[int], list[Chunk]]]:
+def random_streams(tokenizer, count: int, seed: int,
+                   max_chunk: int = 4) -> list[tuple[list[int], list[DetokenizerChunk]]]:
     """`count` streams of mixed-language text, each with its ids and chunks of 1..max_chunk ids."""
     rng = random.Random(seed)
     streams = []
@@ -38,7 +40,7 @@ def random_streams(tokenizer, count: int, seed: int, max_chunk: int = 4) -> list
     return streams
 
 
-def one_token_streams(tokenizer, count: int, tokens: int, seed: int) -> list[list[Chunk]]:
+def one_token_streams(tokenizer, count: int, tokens: int, seed: int) -> list[list[DetokenizerChunk]]:
     """`count` streams of `tokens` one-token chunks each (stream_interval 1, the heaviest load
     per token), repeating a random stream's ids to the length."""
     streams = []

@@ -97,8 +97,8 @@ def llm_inputs(prompt_ids: Sequence[int], max_tokens: int, module=grpcclient, **
 
 def detokenizer_inputs(chunk, prompt_tokens: int, completion_tokens: int, finish_reason: Optional[str] = None,
                        module=grpcclient) -> list:
-    """A `detokenizer` request for one tritonfront.core.detokenization.Chunk, [1, n]-shaped as the
-    engine's responses are; finish_reason "length" on the final chunk unless told."""
+    """A `detokenizer` request for one tritonfront.core.detokenization.DetokenizerChunk, [1, n]-shaped
+    as the engine's responses are; finish_reason "length" on the final chunk unless told."""
     if finish_reason is None:
         finish_reason = "length" if chunk.is_final else ""
     return tensors(module, output_ids=np.array([chunk.output_ids], dtype=np.int32).reshape(1, -1),

@@ -7,3 +7,9 @@ class InvalidInput(ValueError):
     def __init__(self, field: str, problem: str):
         super().__init__(f"{field}: {problem}")
         self.field = field
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot start: a model's config.pbtxt parameters (loading the model
+    fails with it) or the OpenAI front's flags (the front exits with it). The message names the
+    setting, the value and what is allowed."""

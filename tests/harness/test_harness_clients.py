@@ -15,7 +15,7 @@ from harness.clients.http import parse_sse, sse_events
 from harness.clients.kserve import (as_array, check_loopback, detokenizer_inputs, generate_inputs, llm_inputs,
                                     prebuilt, text_inputs)
 from harness.server import repositories_variable
-from tritonfront.core.detokenization import Chunk
+from tritonfront.core.detokenization import DetokenizerChunk
 
 
 def described(inputs) -> dict:
@@ -45,7 +45,7 @@ def test_llm_and_detokenizer_inputs():
     assert described(llm_inputs([5, 6, 7], 4, stream=True)) == {
         "input_ids": ("INT32", [1, 3]), "input_lengths": ("INT32", [1, 1]), "max_tokens": ("INT32", [1, 1]),
         "stream": ("BOOL", [1, 1])}
-    assert described(detokenizer_inputs(Chunk([1, 2], [3], True), 5, 9)) == {
+    assert described(detokenizer_inputs(DetokenizerChunk([1, 2], [3], True), 5, 9)) == {
         "output_ids": ("INT32", [1, 1]), "context_ids": ("INT32", [1, 2]), "is_final": ("BOOL", [1, 1]),
         "finish_reason": ("BYTES", [1, 1]), "prompt_tokens": ("INT32", [1, 1]),
         "completion_tokens": ("INT32", [1, 1])}

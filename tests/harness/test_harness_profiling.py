@@ -3,7 +3,7 @@ from harness.profiling import Frame, ThreadProfile, merged, parse_raw, roles
 
 RAW = """thread (101): Thread-2 (_run_generation_loop);Thread.run (threading.py:982);ContinuousBatchingManager._generation_loop_body (transformers/generation/continuous_batching/continuous_api.py:850);LlamaModel.forward (transformers/models/llama/modeling_llama.py:400) 30
 thread (101): Thread-2 (_run_generation_loop);Thread.run (threading.py:982);ContinuousBatchingManager._generation_loop_body (transformers/generation/continuous_batching/continuous_api.py:860) 10
-thread (102): tritonfront-generation;Thread.run (threading.py:982);GenerationLoop._run (tritonfront/core/generation_loop.py:270);HFEngine.outputs (tritonfront/engines/hf.py:500);ContinuousBatchingManager.get_result (transformers/generation/continuous_batching/continuous_api.py:700) 5
+thread (102): tritonfront-generation;Thread.run (threading.py:982);GenerationLoop._run (tritonfront/core/generation_loop.py:270);HFEngine.outputs (tritonfront/engines/hf/engine.py:500);ContinuousBatchingManager.get_result (transformers/generation/continuous_batching/continuous_api.py:700) 5
 thread (103);_find_and_load (<frozen importlib._bootstrap>:1176) 2
 """
 RULES = [("loop", lambda f: f.function.endswith("._run") and f.file.endswith("generation_loop.py")),

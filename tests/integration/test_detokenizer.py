@@ -15,7 +15,7 @@ from harness.clients.kserve import detokenizer_inputs, tensors
 from harness.corpora import MULTILINGUAL as TEXTS
 from harness.paths import MODEL_REPOSITORY
 from harness.server import triton_server
-from tritonfront.core.detokenization import Chunk
+from tritonfront.core.detokenization import DetokenizerChunk
 from tritonfront.core.model_sources import llm_model_dir
 
 MODEL = "detokenizer"
@@ -123,9 +123,10 @@ def test_out_of_vocabulary_id_is_invalid_arg_and_server_stays_healthy(detokenize
     client = grpcclient.InferenceServerClient(detokenizer_server.grpc_url)
     vocab_size = len(tokenizer)
     with pytest.raises(grpcclient.InferenceServerException) as error:
-        client.infer(MODEL, detokenizer_inputs(Chunk([], [5, vocab_size + 10], True), 1, 2))
+        client.infer(MODEL, detokenizer_inputs(DetokenizerChunk([], [5, vocab_size + 10], True), 1, 2))
     assert "INVALID_ARG" in str(error.value.status()) and "output_ids" in str(error.value)
     assert f"[0, {vocab_size})" in str(error.value)
     assert detokenizer_server.is_ready()
     ids = tokenizer.encode("still fine", add_special_tokens=False)
-    assert text_of(client.infer(MODEL, detokenizer_inputs(Chunk([], ids, True), 1, len(ids)))) == "still fine"
+    answer = client.infer(MODEL, detokenizer_inputs(DetokenizerChunk([], ids, True), 1, len(ids)))
+    assert text_of(answer) == "still fine"

@@ -1,10 +1,10 @@
-"""A Backend (tritonfront.openai.protocol) for unit tests of the OpenAI front's routes and serving
+"""A Backend (tritonfront.openai.backend) for unit tests of the OpenAI front's routes and serving
 modules: it answers from scripts, no server; and a stand-in for the LLM tokenizer's Prompts."""
 import asyncio
 
 import numpy as np
 
-from tritonfront.openai.protocol import Embeddings, GenerationRequest, TextDelta
+from tritonfront.openai.backend import Embeddings, TextDelta, TextGenerationRequest
 
 HANG = object()  # in a script: the backend waits for ever
 
@@ -14,7 +14,7 @@ class FakeBackend:
 
     def __init__(self, scripts=None, ready=True, refuse=None):
         self.scripts, self.is_ready, self.refuse = scripts or {}, ready, refuse
-        self.requests: list[GenerationRequest] = []
+        self.requests: list[TextGenerationRequest] = []
         self.closed = asyncio.Event()
 
     async def ready(self):

@@ -19,10 +19,10 @@ from harness.deploy import load_module, read_model_config
 from tritonfront.core import model_sources
 from tritonfront.core.delivery import SLOTS, Acknowledger, ack_table_path, model_key
 from tritonfront.engines import Engine, EngineOutput
-from tritonfront.core.model_config import ConfigError
 from tritonfront.core.shared_tables import open_rows, table_path
 from tritonfront import stubs
 from tritonfront.core.tokenization import BatchTokenizer, TextRequest
+from tritonfront.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 GLUE = "tritonfront.stubs.glue"

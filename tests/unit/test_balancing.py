@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tritonfront.core.balancing import BalancingGate, LoadTable, remove_stale_tables, table_path
-from tritonfront.core.devices import instance_rank
+from tritonfront.triton.devices import instance_rank
 from tritonfront.core.rank_load import Load
 
 

@@ -1,11 +1,11 @@
 """TensorRT-LLM's ensemble inputs as the llm parses them: a request's prompts and
-num_return_sequences fanned out into one GenerationRequest per sequence, TensorRT-LLM's defaults,
+num_return_sequences fanned out into one SequenceRequest per sequence, TensorRT-LLM's defaults,
 and a named error for every bad value and every input no engine here honours."""
 import numpy as np
 import pytest
 
 from tritonfront.errors import InvalidInput
-from tritonfront.core.generation_request import GenerationRequest, ResponseOptions, parse_batch, sequence_seed
+from tritonfront.core.generation_request import SequenceRequest, ResponseOptions, parse_batch, sequence_seed
 from tritonfront.core.trtllm_contract import MAX_RETURN_SEQUENCES, MAX_SEQUENCES_PER_REQUEST, UNSUPPORTED
 
 VOCAB, CONTEXT = 1000, 64
@@ -31,7 +31,7 @@ def inputs(rows: int = 1, **changes) -> dict:
     return {name: value for name, value in tensors.items() if value is not None}
 
 
-def parse(rows: int = 1, exclude_default: bool = False, **changes) -> list[GenerationRequest]:
+def parse(rows: int = 1, exclude_default: bool = False, **changes) -> list[SequenceRequest]:
     return parse_batch(inputs(rows, **changes), VOCAB, CONTEXT, exclude_default)
 
 
@@ -43,7 +43,7 @@ def error(**changes) -> str:
 
 def test_one_prompt_one_sequence_is_the_single_request():
     request, = parse()
-    assert request == GenerationRequest.parse(inputs(), VOCAB, CONTEXT)
+    assert request == SequenceRequest.parse(inputs(), VOCAB, CONTEXT)
     assert (request.batch_index, request.sequence_index, request.options) == (0, 0, ResponseOptions())
 
 

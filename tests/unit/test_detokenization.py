@@ -13,7 +13,7 @@ from harness.chunks import chunk_stream
 from harness.corpora import MULTILINGUAL as TEXTS
 from tritonfront.core.detokenization import (
     DETOKENIZER_WINDOW,
-    Chunk,
+    DetokenizerChunk,
     DetokenizeRequest,
     StreamDetokenizer,
     _byte_level_alphabet,
@@ -272,9 +272,9 @@ def test_straddling_fixture_has_tokens_across_character_boundaries():
 
 def test_out_of_vocabulary_ids_fail_only_their_request():
     tokenizer, detokenizer = _get("smollm2")
-    good = [Chunk([], encode(tokenizer, "héllo"), True)]
-    bad_output = [Chunk([], [detokenizer.vocab_size], True)]
-    bad_context = [Chunk([-1], [5], False)]
+    good = [DetokenizerChunk([], encode(tokenizer, "héllo"), True)]
+    bad_output = [DetokenizerChunk([], [detokenizer.vocab_size], True)]
+    bad_context = [DetokenizerChunk([-1], [5], False)]
     results = detokenizer.detokenize_requests([good, bad_output, good, bad_context])
     assert results[0] == results[2] == ["héllo"]
     assert isinstance(results[1], InvalidInput) and results[1].field == "output_ids"
@@ -297,8 +297,8 @@ def test_random_ids_give_text_or_a_named_error_per_request(streams):
     """Any ids, in or out of the vocabulary, in any chunking: each request gets its texts or an
     InvalidInput naming the input; the others are unaffected."""
     _, detokenizer = _get("smollm2")
-    requests = [[Chunk(context, output, i == len(stream) - 1) for i, (context, output) in enumerate(stream)]
-                for stream in streams]
+    requests = [[DetokenizerChunk(context, output, i == len(stream) - 1)
+                 for i, (context, output) in enumerate(stream)] for stream in streams]
     results = detokenizer.detokenize_requests(requests)
     assert len(results) == len(requests)
     for request, result in zip(requests, results):

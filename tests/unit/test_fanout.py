@@ -10,7 +10,7 @@ import pytest
 from tritonfront.engines import Engine, EngineOutput, SamplingParams
 from tritonfront.core.fanout import GroupResponder, submit_group
 from tritonfront.core.generation_loop import Completion, GenerationLoop
-from tritonfront.core.generation_request import GenerationRequest, ResponseOptions
+from tritonfront.core.generation_request import SequenceRequest, ResponseOptions
 from tritonfront.core.trtllm_contract import PERF_METRIC_OUTPUTS, UNMEASURED_PERF_METRICS
 
 EOS = 2
@@ -68,8 +68,8 @@ def setup():
 
 def sequences(prompts=((5, 6, 7),), count=1, stream=False, options=ResponseOptions(), max_tokens=4,
               behind_ensemble=False):
-    return [GenerationRequest(list(prompt), SamplingParams(max_tokens=max_tokens), (), stream, behind_ensemble, b, s,
-                              options)
+    return [SequenceRequest(list(prompt), SamplingParams(max_tokens=max_tokens), (), stream, behind_ensemble, b, s,
+                            options)
             for b, prompt in enumerate(prompts) for s in range(count)]
 
 

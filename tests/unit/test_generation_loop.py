@@ -7,7 +7,7 @@ import pytest
 from tritonfront.core.delivery import SLOTS, Acknowledger, DeliveryTracker, ack_table_path
 from tritonfront.engines import Engine, EngineOutput, SamplingParams
 from tritonfront.core.generation_loop import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerationLoop, TurnHooks
-from tritonfront.core.generation_request import GenerationRequest
+from tritonfront.core.generation_request import SequenceRequest
 from tritonfront.core.rank_load import Load
 from tritonfront.core.shared_tables import open_rows
 
@@ -64,8 +64,8 @@ def setup():
 
 
 def submit(loop, engine, handle, prompt_tokens=5, stream=True, stop=(), **params):
-    loop.submit(handle, GenerationRequest(list(range(10, 10 + prompt_tokens)), SamplingParams(max_tokens=8, **params),
-                                          stop, stream))
+    loop.submit(handle, SequenceRequest(list(range(10, 10 + prompt_tokens)), SamplingParams(max_tokens=8, **params),
+                                        stop, stream))
     return list(engine.added)[-1]
 
 
@@ -209,8 +209,8 @@ def test_a_request_behind_the_ensemble_is_asked_about_cancellation_once():
     now = [0.0]
     loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0.5, clock=lambda: now[0])
     for handle in ("ensemble", "direct", "left early"):
-        loop.submit(handle, GenerationRequest([10, 11], SamplingParams(max_tokens=8), stream=False,
-                                              delivery_acknowledged=handle != "direct"))
+        loop.submit(handle, SequenceRequest([10, 11], SamplingParams(max_tokens=8), stream=False,
+                                            delivery_acknowledged=handle != "direct"))
     behind, direct, left_early = list(engine.added)
     client.gone.add("left early")
     loop.step()  # at once behind the ensemble; a direct request one interval after it arrived
@@ -233,9 +233,9 @@ def test_a_stream_whose_chunks_are_not_acknowledged_is_freed(tmp_path):
     tracker = DeliveryTracker(rows[0], 7, 0, timeout_s=5.0, clock=lambda: now[0])
     engine, client = ScriptedEngine(), Client()
     loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0, delivery=tracker)
-    loop.submit("gone", GenerationRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
-                                          delivery_acknowledged=True))
-    loop.submit("direct", GenerationRequest([10, 11], SamplingParams(max_tokens=50), stream=True))
+    loop.submit("gone", SequenceRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
+                                        delivery_acknowledged=True))
+    loop.submit("direct", SequenceRequest([10, 11], SamplingParams(max_tokens=50), stream=True))
     gone, direct = list(engine.added)
     for step in range(3):
         engine.emit(gone, [100])
@@ -274,8 +274,8 @@ def test_tokens_wait_behind_an_unacknowledged_chunk_and_leave_together(tmp_path)
     loop = GenerationLoop(engine, client, context_window=8, poll_s=0,
                           delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=60.0))
     detokenizer = Acknowledger(1, tmp_path)
-    loop.submit("s", GenerationRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
-                                       delivery_acknowledged=True))
+    loop.submit("s", SequenceRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
+                                     delivery_acknowledged=True))
     (request_id,) = engine.added
     acknowledge_all = lambda: detokenizer.acknowledge(np.array([c.delivery for c in client.chunks["s"]]))
 
@@ -319,8 +319,8 @@ def test_the_loop_waits_for_the_engine_as_long_as_its_own_work_allows(tmp_path):
     loop = GenerationLoop(engine, client, poll_s=0.02, cancel_check_s=1.0, idle_poll_s=0.5,
                           delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=60.0))
     loop.step()
-    loop.submit("s", GenerationRequest([10, 11], SamplingParams(max_tokens=3), stream=True,
-                                       delivery_acknowledged=True))
+    loop.submit("s", SequenceRequest([10, 11], SamplingParams(max_tokens=3), stream=True,
+                                     delivery_acknowledged=True))
     (request_id,) = engine.added
     engine.emit(request_id, [100])
     loop.step()  # sent; nothing waits behind it
@@ -347,8 +347,8 @@ def test_a_final_chunk_behind_a_chunk_never_acknowledged_ends_as_cancelled(tmp_p
     engine, client = ScriptedEngine(), Client()
     loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0,
                           delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=5.0, clock=lambda: now[0]))
-    loop.submit("s", GenerationRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
-                                       delivery_acknowledged=True))
+    loop.submit("s", SequenceRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
+                                     delivery_acknowledged=True))
     (request_id,) = engine.added
     engine.emit(request_id, [100])
     loop.step()
@@ -387,7 +387,7 @@ def test_hooks_see_busy_turns_only_and_the_loop_failing_everything(setup):
     loop.hooks = hooks = RecordingHooks()
     loop.step()
     assert hooks.turns == []  # nothing to do: not a busy turn
-    hooks.queued.append(("a", GenerationRequest([5, 6], SamplingParams(max_tokens=4), (), True)))
+    hooks.queued.append(("a", SequenceRequest([5, 6], SamplingParams(max_tokens=4), (), True)))
     loop.step()
     assert list(engine.added) == ["req-0"] and len(hooks.turns) == 1 and hooks.turns[0] >= 0
     engine.emit("req-0", [7])

@@ -4,7 +4,7 @@ import pytest
 
 from tritonfront.engines import SamplingParams
 from tritonfront.errors import InvalidInput
-from tritonfront.core.generation_request import GenerationRequest
+from tritonfront.core.generation_request import SequenceRequest
 
 VOCAB, CONTEXT = 1000, 64
 
@@ -16,12 +16,12 @@ def inputs(**changes) -> dict:
     return {name: value for name, value in tensors.items() if value is not None}
 
 
-def parse(default_max_tokens: int = 0, **changes) -> GenerationRequest:
-    return GenerationRequest.parse(inputs(**changes), VOCAB, CONTEXT, default_max_tokens=default_max_tokens)
+def parse(default_max_tokens: int = 0, **changes) -> SequenceRequest:
+    return SequenceRequest.parse(inputs(**changes), VOCAB, CONTEXT, default_max_tokens=default_max_tokens)
 
 
 def test_a_minimal_request_is_greedy_and_whole():
-    assert parse() == GenerationRequest([5, 6, 7], SamplingParams(max_tokens=8), [], False, False)
+    assert parse() == SequenceRequest([5, 6, 7], SamplingParams(max_tokens=8), [], False, False)
 
 
 def test_every_input_reaches_the_request():

@@ -10,7 +10,8 @@ from tritonfront.core import model_sources
 from tritonfront.errors import InvalidInput
 from tritonfront.core.inputs import decode_texts
 from tritonfront.core.pooling import POOLING_MODES, DenseLayer, PoolingHead, truncate_dimensions
-from tritonfront.core.ragged import RaggedBatch, unpad
+from tritonfront.core.padding import unpad
+from tritonfront.core.ragged import RaggedBatch
 from tritonfront.core.tokenization import BatchTokenizer, TextRequest
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -3,18 +3,24 @@
 Rooms, highest first (src/tritonfront/__init__.py says what runs where):
 - processes and their glue, none importing another: `stubs` (inside Triton's Python-backend stubs,
   with the model.py adapters of model_repository/), `watchdog` (beside tritonserver), `openai` (the
-  HTTP front);
+  HTTP front, whose modules import no torch);
+- `triton`, the Triton glue the stubs and the watchdog share (what Triton's model args and
+  tritonserver's command line say), importing no Triton module;
 - `core`, the library the stubs run: no Triton, no HTTP; inside it each module imports only
   modules of lower layers, so low-level modules never depend on what is built on them;
 - `engines`, below the core;
 - `errors` and `threads`, which every room shares.
-Around the product: tests and benchmarks share harness/; the product imports neither of them nor
-harness/, and harness/ imports neither tests/ nor perf/.
+No class name is defined in two modules, and no modules import each other in a circle (function
+bodies included). Around the product: tests and benchmarks share harness/; the product imports
+neither of them nor harness/, and harness/ imports neither tests/ nor perf/.
 """
 import ast
+import json
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -26,12 +32,11 @@ ROOT = PRODUCT.parents[1]
 HARNESS = Path(harness.__file__).parent
 TRITON_ONLY = ("triton_python_backend_utils", "tritonfront.stubs")
 PROCESSES = {"stubs", "watchdog", "openai"}
-ROOMS = {"errors": 0, "threads": 0, "engines": 1, "core": 2, **{process: 3 for process in PROCESSES}}
+ROOMS = {"errors": 0, "threads": 0, "engines": 1, "core": 2, "triton": 3, **{process: 4 for process in PROCESSES}}
 # The core's own layers, lowest first.
 CORE_LAYERS = [
     {"config_tensors"},
-    {"inputs", "shared_tables", "ragged", "devices", "model_sources", "stopping", "rank_load", "trtllm_contract",
-     "triton_flags"},
+    {"inputs", "shared_tables", "padding", "ragged", "model_sources", "stopping", "rank_load", "trtllm_contract"},
     {"tokenization", "encoding", "detokenization", "delivery", "balancing", "generation_request", "core_sharing"},
     {"pooling", "generation_loop"},
     {"fanout"},
@@ -41,7 +46,7 @@ CORE_LAYER = {module: depth for depth, modules in enumerate(CORE_LAYERS) for mod
 
 
 def product_modules() -> dict[str, Path]:
-    """The dotted name of every module below tritonfront ("engines.hf", "core.pooling", "openai.router", "errors")."""
+    """The dotted name of every module below tritonfront ("engines.base", "core.pooling", "openai.router", "errors")."""
     return {".".join(path.relative_to(PRODUCT).with_suffix("").parts): path
             for path in PRODUCT.rglob("*.py") if path.name != "__init__.py" or path.parent != PRODUCT}
 
@@ -131,3 +136,114 @@ def test_every_module_but_the_stubs_imports_where_triton_does_not_exist():
     result = subprocess.run([sys.executable, "-c", f"import sys; {blocked}; import {modules}"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def defined_classes(path: Path) -> set[str]:
+    return {node.name for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ClassDef)}
+
+
+def test_no_class_name_is_defined_in_two_modules():
+    where = defaultdict(list)
+    for module, path in product_modules().items():
+        for name in defined_classes(path):
+            where[name].append(module)
+    assert {name: sorted(modules) for name, modules in where.items() if len(modules) > 1} == {}
+
+
+def resolve(name: str, modules: dict[str, Path]) -> Optional[str]:
+    """The product module an absolute import name loads: itself, its package's __init__, or for
+    a name inside a module (a class, a function), that module; None outside the product."""
+    parts = name.split(".")
+    if parts[0] != "tritonfront":
+        return None
+    parts = parts[1:]
+    while parts:
+        dotted = ".".join(parts)
+        for candidate in (dotted, f"{dotted}.__init__"):
+            if candidate in modules:
+                return candidate
+        parts = parts[:-1]
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the product modules it imports, at any depth (function bodies too). `from p import
+    x` is an edge to p.x where x is a module, otherwise to p."""
+    modules = product_modules()
+    graph = {}
+    for module, path in modules.items():
+        package = ["tritonfront", *module.split(".")[:-1]]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(resolve(alias.name, modules) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                source = ".".join([*base, node.module] if node.module else base)
+                for alias in node.names:
+                    submodule = resolve(f"{source}.{alias.name}", modules)
+                    targets.add(submodule if submodule != resolve(source, modules) else resolve(source, modules))
+        graph[module] = targets - {None, module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, cycles = {}, {}, set(), [], []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            module, targets = work[-1]
+            target = next(targets, None)
+            if target is not None:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                elif target in on_stack:
+                    low[module] = min(low[module], index[target])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[module])
+            if low[module] == index[module]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == module:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": set(), "f": {"d"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_modules_import_each_other_in_a_cycle():
+    graph = import_graph()
+    assert graph["engines.__init__"] >= {"engines.base", "engines.hf.engine"}  # the graph sees function bodies
+    assert import_cycles(graph) == []
+
+
+def test_the_openai_front_imports_no_torch():
+    """Every module of the front (its app, its entry point, what they import from the core and the
+    engines), imported in a fresh interpreter: torch is not among the modules loaded."""
+    modules = ", ".join(f"tritonfront.{m}".removesuffix(".__init__") for m in sorted(product_modules())
+                        if room(m) == "openai")
+    script = (f"import sys, json; import {modules}; "
+              "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == []

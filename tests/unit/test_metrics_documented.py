@@ -3,17 +3,17 @@ import re
 from pathlib import Path
 
 from tritonfront.core import encoding, rank_load as load
-from tritonfront.core.rank_load import MetricSpec
+from tritonfront.core.rank_load import ModelMetricSpec
 
 METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
-def defined_metrics() -> list[MetricSpec]:
+def defined_metrics() -> list[ModelMetricSpec]:
     specs = []
     for module in (load, encoding):
         for value in vars(module).values():
             candidates = value.values() if isinstance(value, dict) else [value]
-            specs += [spec for spec in candidates if isinstance(spec, MetricSpec)]
+            specs += [spec for spec in candidates if isinstance(spec, ModelMetricSpec)]
     return specs
 
 

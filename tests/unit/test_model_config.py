@@ -8,8 +8,9 @@ from tritonclient.grpc import model_config_pb2
 
 from tritonfront.core import model_config
 from tritonfront.engines import DTYPES, EngineConfig
-from tritonfront.core.model_config import (CONFIGS, PARAMETERS, RELOAD_PARAMETER, ConfigError, LLMConfig, from_model_config,
-                                      parse, validate)
+from tritonfront.core.model_config import (CONFIGS, PARAMETERS, RELOAD_PARAMETER, LLMConfig, from_model_config, parse,
+                                      validate)
+from tritonfront.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,7 +116,7 @@ def test_structure_the_code_relies_on_is_checked(model, change, message):
 
 
 def test_engine_dtypes_are_the_ones_the_config_allows():
-    from tritonfront.engines.hf import TORCH_DTYPES
+    from tritonfront.engines.hf.engine import TORCH_DTYPES
 
     assert ("auto", *TORCH_DTYPES) == DTYPES == PARAMETERS["llm"]["dtype"].choices
     assert model_config.PARAMETERS["llm"]["engine"].choices == ("hf", "tensorrt_llm", "llama_cpp", "synthetic")

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from tritonfront.openai import config, schemas
+from tritonfront.errors import ConfigError
+from tritonfront.openai import config, protocol
 from tritonfront.openai.api_errors import OpenAIError
 from tritonfront.openai.triton_errors import from_triton
 
@@ -17,13 +18,13 @@ def chat(**fields) -> bytes:
 
 def refused(model, body: bytes) -> OpenAIError:
     with pytest.raises(OpenAIError) as caught:
-        schemas.parse(model, body)
+        protocol.parse(model, body)
     assert caught.value.status == 400 and caught.value.type == "invalid_request_error"
     return caught.value
 
 
 def test_a_good_chat_request_parses_with_openai_defaults():
-    request = schemas.parse(schemas.ChatCompletionRequest, chat(stop="\n", max_completion_tokens=5, max_tokens=9,
+    request = protocol.parse(protocol.ChatCompletionRequest, chat(stop="\n", max_completion_tokens=5, max_tokens=9,
                                                                 user="u", metadata={"k": "v"}))
     assert request.stop == ["\n"]
     assert request.completion_limit == (5, "max_completion_tokens")
@@ -61,14 +62,14 @@ def test_a_good_chat_request_parses_with_openai_defaults():
     ({"logit_bias": {"50256": -100}}, "logit_bias", "logit bias is not supported"),
 ])
 def test_a_bad_chat_field_is_named(fields, param, words):
-    error = refused(schemas.ChatCompletionRequest, chat(**fields))
+    error = refused(protocol.ChatCompletionRequest, chat(**fields))
     assert error.param == param and words in error.message
     # OpenAI's own wording for an unknown field ends with its name; every other message starts with it
     assert error.message.startswith(param) or error.message.endswith(f"supplied: {param}")
 
 
 def test_fields_that_ask_for_nothing_are_accepted():
-    request = schemas.parse(schemas.ChatCompletionRequest, chat(tools=[], tool_choice="none", logit_bias={},
+    request = protocol.parse(protocol.ChatCompletionRequest, chat(tools=[], tool_choice="none", logit_bias={},
                                                                 parallel_tool_calls=False, store=False))
     assert request.tools == []
 
@@ -78,7 +79,7 @@ def test_a_tool_call_history_parses():
                {"role": "assistant", "content": None, "tool_calls": [
                    {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": '{"city": "Oslo"}'}}]},
                {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}]
-    request = schemas.parse(schemas.ChatCompletionRequest, chat(messages=history))
+    request = protocol.parse(protocol.ChatCompletionRequest, chat(messages=history))
     assert request.messages[1].tool_calls[0].function.arguments == '{"city": "Oslo"}'
     assert request.messages[2].tool_call_id == "call_1"
 
@@ -90,16 +91,16 @@ def test_a_tool_call_history_parses():
     (b'{"model": "generate", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', ""),
 ])
 def test_a_body_that_is_not_a_json_object_is_400(body, words):
-    error = refused(schemas.ChatCompletionRequest, body)
+    error = refused(protocol.ChatCompletionRequest, body)
     assert words in error.message
 
 
 def test_completion_prompts_and_best_of():
-    request = schemas.parse(schemas.CompletionRequest, b'{"model": "g", "prompt": ["a", "b"], "n": 2, "best_of": 2}')
+    request = protocol.parse(protocol.CompletionRequest, b'{"model": "g", "prompt": ["a", "b"], "n": 2, "best_of": 2}')
     assert request.prompt == ["a", "b"] and request.max_tokens is None
-    assert refused(schemas.CompletionRequest, b'{"model": "g", "prompt": "a", "best_of": 3}').param == "best_of"
-    assert refused(schemas.CompletionRequest, b'{"model": "g", "prompt": "a", "suffix": "z"}').param == "suffix"
-    assert refused(schemas.CompletionRequest, b'{"model": "g", "prompt": "a", "logprobs": 6}').param == "logprobs"
+    assert refused(protocol.CompletionRequest, b'{"model": "g", "prompt": "a", "best_of": 3}').param == "best_of"
+    assert refused(protocol.CompletionRequest, b'{"model": "g", "prompt": "a", "suffix": "z"}').param == "suffix"
+    assert refused(protocol.CompletionRequest, b'{"model": "g", "prompt": "a", "logprobs": 6}').param == "logprobs"
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -109,7 +110,8 @@ def test_completion_prompts_and_best_of():
     ([[101, 102], [101, 7592, 102]], [[101, 102], [101, 7592, 102]]),
 ])
 def test_embedding_inputs_in_every_openai_shape(value, expected):
-    assert schemas.parse(schemas.EmbeddingRequest, json.dumps({"model": "embed", "input": value}).encode()).input == expected
+    body = json.dumps({"model": "embed", "input": value}).encode()
+    assert protocol.parse(protocol.EmbeddingRequest, body).input == expected
 
 
 @pytest.mark.parametrize("fields, param, words", [
@@ -125,7 +127,7 @@ def test_embedding_inputs_in_every_openai_shape(value, expected):
     ({"input": "x", "truncate": False}, "truncate", "Unrecognized"),
 ])
 def test_a_bad_embedding_field_is_named(fields, param, words):
-    error = refused(schemas.EmbeddingRequest, json.dumps({"model": "embed", **fields}).encode())
+    error = refused(protocol.EmbeddingRequest, json.dumps({"model": "embed", **fields}).encode())
     assert error.param == param and words in error.message
 
 
@@ -173,6 +175,6 @@ def test_config_flags_and_environment():
     (["--log-level", "loud"], {}, "is not one of"),
 ])
 def test_config_errors_name_the_flag(argv, environ, words):
-    with pytest.raises(config.ConfigError) as caught:
+    with pytest.raises(ConfigError) as caught:
         config.parse(argv, environ)
     assert words in str(caught.value)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tritonfront.openai import schemas, streaming
+from tritonfront.openai import protocol, streaming
 from tritonfront.openai.api_errors import OpenAIError
 from tritonfront.openai.metrics import FrontMetrics
 from tritonfront.openai.serving_chat import ChatServing
@@ -87,13 +87,13 @@ def chat(triton, **fields) -> ChatServing:
     body = {"model": "generate", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0,
             **fields}
     return ChatServing(TritonBackend(triton), Words(), FrontMetrics()), \
-        schemas.parse(schemas.ChatCompletionRequest, json.dumps(body).encode())
+        protocol.parse(protocol.ChatCompletionRequest, json.dumps(body).encode())
 
 
 def completion(triton, prompts, **fields):
     body = {"model": "generate", "prompt": prompts, "max_tokens": 8, "temperature": 0, **fields}
     return CompletionServing(TritonBackend(triton), FrontMetrics()), \
-        schemas.parse(schemas.CompletionRequest, json.dumps(body).encode())
+        protocol.parse(protocol.CompletionRequest, json.dumps(body).encode())
 
 
 def whole(serving_and_request) -> dict:

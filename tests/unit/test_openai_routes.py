@@ -1,4 +1,4 @@
-"""The OpenAI front's routes over a fake Backend (the protocol), without a server: what the routes
+"""The OpenAI front's routes over a fake Backend (openai.backend), without a server: what the routes
 hand the backend, the openai.types objects and SSE they answer with, errors before and after a
 stream's first event, and work cancelled at once when its client leaves."""
 import asyncio

@@ -6,6 +6,7 @@ import contextlib
 import pytest
 from starlette.testclient import TestClient
 
+from tritonfront.errors import ConfigError
 from tritonfront.openai import config
 from tritonfront.openai.router import Router, build
 
@@ -44,7 +45,7 @@ def test_the_flag_and_its_variable_parse_into_pairs():
     ("smol=generate,smol=embed", "smol names more than one model"),
 ])
 def test_a_bad_served_name_is_refused_naming_the_flag(value, words):
-    with pytest.raises(config.ConfigError) as caught:
+    with pytest.raises(ConfigError) as caught:
         config.parse([], {"TRITONFRONT_OPENAI_SERVED_MODEL_NAMES": value})
     assert str(caught.value).startswith("--served-model-names (TRITONFRONT_OPENAI_SERVED_MODEL_NAMES): ")
     assert words in str(caught.value)

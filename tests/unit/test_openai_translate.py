@@ -1,11 +1,11 @@
-"""OpenAI requests -> the serving modules' GenerationRequest -> the generation ensemble's inputs
+"""OpenAI requests -> the serving modules' TextGenerationRequest -> the generation ensemble's inputs
 (TensorRT-LLM's names), against the inputs a model declares: OpenAI's sampling defaults, the current
 or older input name, and a parameter whose input the model lacks refused by name."""
 import json
 
 import pytest
 
-from tritonfront.openai import schemas, triton_inputs
+from tritonfront.openai import protocol, triton_inputs
 from tritonfront.openai.api_errors import OpenAIError
 from tritonfront.openai.metrics import FrontMetrics
 from tritonfront.openai.serving_chat import ChatServing
@@ -31,13 +31,13 @@ def contract(inputs) -> Contract:
 
 def chat_plan(inputs=TRTLLM, **fields):
     body = {"model": "generate", "messages": [{"role": "user", "content": "hi"}], **fields}
-    request = schemas.parse(schemas.ChatCompletionRequest, json.dumps(body).encode())
+    request = protocol.parse(protocol.ChatCompletionRequest, json.dumps(body).encode())
     return triton_inputs.plan(ChatServing(None, Prompts(), FrontMetrics()).generation_request(request)[0], contract(inputs))
 
 
 def completion_plan(inputs=TRTLLM, **fields):
     body = {"model": "generate", "prompt": "Once", **fields}
-    request = schemas.parse(schemas.CompletionRequest, json.dumps(body).encode())
+    request = protocol.parse(protocol.CompletionRequest, json.dumps(body).encode())
     return triton_inputs.plan(CompletionServing(None, FrontMetrics()).generation_request(request), contract(inputs))
 
 
@@ -161,7 +161,7 @@ def test_a_model_without_a_chat_template_refuses_chat():
     class Plain(Prompts):
         has_chat_template = False
 
-    request = schemas.parse(schemas.ChatCompletionRequest,
+    request = protocol.parse(protocol.ChatCompletionRequest,
                             b'{"model": "generate", "messages": [{"role": "user", "content": "hi"}]}')
     with pytest.raises(OpenAIError) as caught:
         ChatServing(None, Plain(), FrontMetrics()).generation_request(request)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tritonfront.core import model_sources, ragged
+from tritonfront.core import model_sources, padding
 from tritonfront.core.encoding import RaggedEncoder
 from tritonfront.errors import InvalidInput
 from tritonfront.core.pooling import POOLING_MODES, DenseLayer, PoolingHead, pool, truncate_dimensions
@@ -149,7 +149,7 @@ def test_dimensions_limits_name_the_field_and_range():
 def test_each_request_of_a_batch_gets_its_own_outputs_and_dimensions():
     head = PoolingHead(modes=("cls",), dense=dense_heads("tanh", ("cls",)), normalized=True, hidden_size=HIDDEN)
     sequences = random_batch(3)
-    states = ragged.pad(sequences[:3])
+    states = padding.pad(sequences[:3])
     lengths = np.array([[len(s)] for s in sequences[:3]], dtype=np.int32)
     requests = [head.parse({"token_states": states, "input_lengths": lengths}),
                 head.parse({"token_states": states, "input_lengths": lengths, "dimensions": np.array([[16]] * 3, dtype=np.int32)},

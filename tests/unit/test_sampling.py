@@ -1,4 +1,4 @@
-"""The transformers engine's per-request sampling (engines/sampling.py) as pure logic, on made-up
+"""The transformers engine's per-request sampling (engines/hf/sampling.py) as pure logic, on made-up
 request states and logits: Gumbel-max draws follow the softmax, top-k and top-p keep what they
 should, and each step's plan does to its rows what transformers' own processors do, and nothing to
 the other rows."""
@@ -14,7 +14,7 @@ from transformers.generation.logits_process import (
 )
 
 from tritonfront.engines import SamplingParams
-from tritonfront.engines.sampling import (
+from tritonfront.engines.hf.sampling import (
     GumbelNoise,
     PerRequestSampling,
     RequestFeatures,

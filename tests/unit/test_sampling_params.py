@@ -140,7 +140,7 @@ def test_which_engines_give_top_alternatives():
     """The transformers engine records them from the processed scores (test_hf_engine); TensorRT-LLM's
     LLM API reports raw log probs from its own top-k (the sampled token may be missing), so its
     engine refuses them until it maps the processed distribution."""
-    from tritonfront.engines.hf import HFEngine
+    from tritonfront.engines.hf.engine import HFEngine
     from tritonfront.engines.tensorrt_llm import TensorRTLLMEngine
 
     assert HFEngine.gives_top_log_probs and not TensorRTLLMEngine.gives_top_log_probs

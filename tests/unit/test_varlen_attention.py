@@ -7,10 +7,10 @@ import torch
 
 from tritonfront.core import model_sources
 from tritonfront.engines import EngineConfig, SamplingParams
-from tritonfront.engines.hf import HFEngine
-from tritonfront.engines.varlen_attention import attention_forward
-from tritonfront.engines import varlen_attention as varlen_module
-from tritonfront.engines.varlen_attention import varlen_attention
+from tritonfront.engines.hf.engine import HFEngine
+from tritonfront.engines.hf.varlen_attention import attention_forward
+from tritonfront.engines.hf import varlen_attention as varlen_module
+from tritonfront.engines.hf.varlen_attention import varlen_attention
 
 
 def reference(query, key, value, q_lens, k_lens, scale):

@@ -1,7 +1,8 @@
 import os
 
 from tritonfront.stubs import glue
-from tritonfront.core import devices, model_sources
+from tritonfront.triton import devices
+from tritonfront.core import model_sources
 from tritonfront.core.core_sharing import CoreShare
 from tritonfront.core.encoding import BatchMetrics, RaggedEncoder
 from tritonfront.core.tokenization import max_sequence_length

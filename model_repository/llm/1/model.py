@@ -1,13 +1,14 @@
 import os
 
 from tritonfront.stubs import glue
-from tritonfront.core import balancing, devices, model_sources
+from tritonfront.triton import devices
+from tritonfront.core import balancing, model_sources
 from tritonfront.core.delivery import DeliveryTracker
 from tritonfront.core.detokenization import DETOKENIZER_WINDOW
 from tritonfront.engines import create_engine
 from tritonfront.core.fanout import GroupResponder, submit_group
 from tritonfront.core.generation_loop import GenerationLoop
-from tritonfront.core.generation_request import GenerationRequest, parse_batch
+from tritonfront.core.generation_request import SequenceRequest, parse_batch
 from tritonfront.core.rank_load import GaugeThread, Load, LoadMetrics, ModelLoadMetrics
 from tritonfront.stubs.server_metrics import PendingRequests
 
@@ -57,11 +58,11 @@ class TritonPythonModel:
             self.gate.wait()
         return None
 
-    def submit(self, handle, sequences: list[GenerationRequest]) -> None:
+    def submit(self, handle, sequences: list[SequenceRequest]) -> None:
         submit_group(self.loop, handle, sequences)
 
-    def parse(self, request) -> list[GenerationRequest]:
-        """One GenerationRequest per sequence the request asks for (prompts times num_return_sequences),
+    def parse(self, request) -> list[SequenceRequest]:
+        """One SequenceRequest per sequence the request asks for (prompts times num_return_sequences),
         each checked by the engine (what it cannot honour, guides that do not compile) before any is
         queued."""
         sequences = parse_batch(glue.inputs(request), self.engine.vocab_size, self.engine.context_length,

@@ -1,5 +1,6 @@
 from tritonfront.stubs import glue
-from tritonfront.core import devices, model_sources
+from tritonfront.triton import devices
+from tritonfront.core import model_sources
 from tritonfront.core.pooling import PoolingHead
 
 

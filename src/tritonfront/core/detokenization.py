@@ -70,7 +70,9 @@ _LOCAL_DECODERS = {"ByteLevel", "ByteFallback", "Fuse", "Replace", "Strip", "Met
 
 
 @dataclass(frozen=True)
-class Chunk:
+class DetokenizerChunk:
+    """One row of a `detokenizer` request: ids to decode, after the window of ids sent before them."""
+
     context_ids: Sequence[int]  # Python ints (numpy scalars would be hashed and compared slowly)
     output_ids: Sequence[int]
     is_final: bool
@@ -86,7 +88,7 @@ OPTIONALLY_PASSED = (*ALWAYS_PASSED, *REQUESTED_PASSED, *TOP_LOG_PROB_OUTPUTS)
 class DetokenizeRequest:
     """A `detokenizer` request: one chunk per batch row."""
 
-    chunks: list[Chunk]
+    chunks: list[DetokenizerChunk]
     passed_through: dict[str, np.ndarray]  # PASSED_THROUGH inputs ([rows, 1] each) and the OPTIONALLY_PASSED present
     delivery: Optional[np.ndarray]  # [rows, 4] the llm's stamps, to acknowledge once decoded
     heads: list[int] = field(default_factory=list)  # per row: the echoed prompt ids at the start of output_ids
@@ -109,7 +111,7 @@ class DetokenizeRequest:
         # text is the one decode of prompt and answer (tokens at the seam decode as they do in it).
         echo_ids = inputs.get("echo_ids")
         heads = [row.tolist() for row in echo_ids] if echo_ids is not None else [[]] * rows
-        chunks = [Chunk(context.tolist(), head + output.tolist(), bool(final))
+        chunks = [DetokenizerChunk(context.tolist(), head + output.tolist(), bool(final))
                   for context, output, final, head in zip(context_ids, output_ids, is_final, heads)]
         flag = inputs.get(TOKEN_TEXTS_FLAG)
         return cls(chunks, passed_through, inputs.get("delivery"), [len(head) for head in heads],
@@ -288,7 +290,7 @@ class StreamDetokenizer:
             bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
             raise InvalidInput(field, f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
 
-    def _plan(self, chunk: Chunk) -> _Plan:
+    def _plan(self, chunk: DetokenizerChunk) -> _Plan:
         context = [i for i in chunk.context_ids if i not in self._special]
         output = [i for i in chunk.output_ids if i not in self._special]
         tokens = context + output
@@ -309,7 +311,7 @@ class StreamDetokenizer:
         head = [] if whole_completion else [self._anchor]
         return _Plan(head + tokens[start:prefix_end], head + tokens[start:full_end], strip_prefix, strip_full)
 
-    def detokenize(self, chunks: Sequence[Chunk]) -> list[str]:
+    def detokenize(self, chunks: Sequence[DetokenizerChunk]) -> list[str]:
         """The text of each chunk, with one batched decode for all of them."""
         plans = [self._plan(chunk) for chunk in chunks]
         decoded = self._fast.decode_batch([ids for plan in plans for ids in (plan.prefix, plan.full)], skip_special_tokens=True)
@@ -344,8 +346,9 @@ class StreamDetokenizer:
         how a stream is cut into chunks, and joined over a completion they are its text's bytes
         (an incomplete character at the end: its raw bytes, which decode with errors="replace"
         to the U+FFFD the text shows). A special token's share is empty."""
-        chunks = [Chunk(list(context[len(context) - self.window:] if len(context) > self.window else context),
-                        [int(token)], False) for context, token in zip(contexts, tokens)]
+        chunks = [DetokenizerChunk(list(context[len(context) - self.window:] if len(context) > self.window
+                                        else context), [int(token)], False)
+                  for context, token in zip(contexts, tokens)]
         texts = self.detokenize(chunks)
         if self._bytes is None:  # every token is whole characters
             return [text.encode("utf-8") for text in texts]
@@ -406,11 +409,11 @@ class StreamDetokenizer:
                 outputs["output_top_texts"][r, 0, i, j] = share
         return outputs
 
-    def detokenize_requests(self, requests: Sequence[Sequence[Chunk]]) -> list:
+    def detokenize_requests(self, requests: Sequence[Sequence[DetokenizerChunk]]) -> list:
         """Per request (a list of chunks), its texts or the InvalidInput it earned; one decode
         call for every chunk of every valid request."""
         results: list = [None] * len(requests)
-        chunks: list[Chunk] = []
+        chunks: list[DetokenizerChunk] = []
         spans = []
         for r, request in enumerate(requests):
             try:

@@ -13,8 +13,8 @@ import torch
 
 from ..errors import InvalidInput
 from .inputs import Inputs, required
-from .rank_load import MetricSpec
-from .ragged import pad, unpad
+from .padding import pad, unpad
+from .rank_load import ModelMetricSpec
 
 
 @dataclass(frozen=True)
@@ -27,13 +27,14 @@ class BatchShape:
 
 
 # Per dynamic batch of the encoder (one execute): texts and tokens, and tokens spent on padding.
-BATCH_TEXTS = MetricSpec("tritonfront_encoder_batch_texts", "Texts in one dynamic batch of the encoder", "histogram")
-BATCH_TOKENS = MetricSpec("tritonfront_encoder_batch_tokens", "Real tokens in one dynamic batch of the encoder",
-                          "histogram")
-TOKENS = MetricSpec("tritonfront_encoder_tokens_total", "Real tokens the encoder ran", "counter")
-PADDING = MetricSpec("tritonfront_encoder_padding_tokens_total",
-                     "Pad positions the encoder ran besides the real tokens (padding fraction: this / "
-                     "(this + tritonfront_encoder_tokens_total))", "counter")
+BATCH_TEXTS = ModelMetricSpec("tritonfront_encoder_batch_texts", "Texts in one dynamic batch of the encoder",
+                              "histogram")
+BATCH_TOKENS = ModelMetricSpec("tritonfront_encoder_batch_tokens", "Real tokens in one dynamic batch of the encoder",
+                               "histogram")
+TOKENS = ModelMetricSpec("tritonfront_encoder_tokens_total", "Real tokens the encoder ran", "counter")
+PADDING = ModelMetricSpec("tritonfront_encoder_padding_tokens_total",
+                          "Pad positions the encoder ran besides the real tokens (padding fraction: this / "
+                          "(this + tritonfront_encoder_tokens_total))", "counter")
 TEXT_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 TOKEN_BUCKETS = [2**k for k in range(3, 16)]
 

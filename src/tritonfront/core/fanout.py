@@ -2,7 +2,7 @@
 
 A request may hold several prompts and ask for several sequences of each (TensorRT-LLM's batched
 requests and num_return_sequences); tritonfront.core.generation_request turns it into one
-GenerationRequest per sequence, and `submit_group` submits each to the generation loop as an
+SequenceRequest per sequence, and `submit_group` submits each to the generation loop as an
 engine request of its own. GroupResponder, the loop's Responder, joins them again: every chunk of
 every sequence is a response of the one Triton request, tagged with batch_index and
 sequence_index, and only the chunk that ends the last unfinished sequence carries Triton's final
@@ -24,8 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .generation_loop import Chunk, GenerationLoop, Responder
-from .generation_request import GenerationRequest
+from .generation_loop import GenerationLoop, LLMChunk, Responder
+from .generation_request import SequenceRequest
 from .trtllm_contract import PERF_METRIC_OUTPUTS, TOKEN_TEXTS_FLAG, UNMEASURED_PERF_METRICS, spec
 
 _NUMPY = {"TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_FP32": np.float32}
@@ -48,7 +48,7 @@ class SequenceHandle:
     """The generation loop's handle of one sequence."""
 
     group: RequestGroup
-    request: GenerationRequest
+    request: SequenceRequest
     cum_log_prob: float = 0.0  # over the ids sent so far
 
 
@@ -63,7 +63,7 @@ class Reply:
         return self.outputs
 
 
-def submit_group(loop: GenerationLoop, handle: Any, sequences: Sequence[GenerationRequest]) -> None:
+def submit_group(loop: GenerationLoop, handle: Any, sequences: Sequence[SequenceRequest]) -> None:
     """Submits every sequence of a request to the loop. If one cannot be submitted, the request
     fails (the caller sends the error) and the sequences already in the engine are cancelled at the
     loop's next cancellation check, with nothing more sent."""
@@ -83,7 +83,7 @@ class GroupResponder:
     def __init__(self, responder: Responder):
         self.responder = responder
 
-    def send(self, handle: SequenceHandle, chunk: Chunk) -> None:
+    def send(self, handle: SequenceHandle, chunk: LLMChunk) -> None:
         group = handle.group
         with group.lock:
             if group.failed:
@@ -108,7 +108,7 @@ def _column(name: str, value) -> np.ndarray:
     return np.array([[value]], dtype=_NUMPY[spec(name).dtype])
 
 
-def chunk_outputs(handle: SequenceHandle, chunk: Chunk) -> dict[str, np.ndarray]:
+def chunk_outputs(handle: SequenceHandle, chunk: LLMChunk) -> dict[str, np.ndarray]:
     """The llm's outputs for one chunk of a sequence: the chunk's own, its batch and sequence
     index, the prompt ids to decode before a whole answer that includes its prompt, and the
     outputs its request asked for."""

@@ -33,7 +33,7 @@ import numpy as np
 
 from .delivery import NO_SLOT, DeliveryTracker
 from ..engines.base import Engine, EngineOutput
-from .generation_request import GenerationRequest
+from .generation_request import SequenceRequest
 from .rank_load import Load
 from .stopping import StopMatcher
 
@@ -42,7 +42,9 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Chunk:
+class LLMChunk:
+    """One response of the `llm` model for one sequence: the ids since its previous one."""
+
     output_ids: list[int]  # new ids of this chunk
     context_ids: list[int]  # ids sent just before them, for a stateless detokenizer
     final: bool
@@ -100,7 +102,7 @@ class Completion:
     def on_tokens(self, token_ids: Sequence[int], engine_finished: bool = False,
                   engine_reason: Optional[str] = None, hold: bool = False,
                   log_probs: Optional[Sequence[float]] = None,
-                  top_log_probs: Optional[Sequence[Sequence[tuple[int, float]]]] = None) -> list[Chunk]:
+                  top_log_probs: Optional[Sequence[Sequence[tuple[int, float]]]] = None) -> list[LLMChunk]:
         """The chunks these new ids complete: the final one when the request ends, otherwise a
         streamed one every stream_interval ids unless `hold` (the ids then wait for `release`).
         `log_probs` and `top_log_probs`, one per id where the engine gives them, travel with their ids."""
@@ -141,10 +143,10 @@ class Completion:
             return False
         return self._sent == 0 or len(self._pending) >= self.stream_interval
 
-    def release(self) -> Optional[Chunk]:
+    def release(self) -> Optional[LLMChunk]:
         return self._chunk(final=False) if self.holding else None
 
-    def cancel(self) -> Chunk:
+    def cancel(self) -> LLMChunk:
         self._pending, self._pending_log_probs, self._held_log_probs = [], [], []
         self._matcher.flush()
         self.finish_reason = FINISH_CANCELLED
@@ -157,19 +159,19 @@ class Completion:
         self._held_log_probs = []
         self.finish_reason = reason
 
-    def _chunk(self, final: bool) -> Chunk:
+    def _chunk(self, final: bool) -> LLMChunk:
         ids, self._pending = self._pending, []
         scores, self._pending_log_probs = self._pending_log_probs, []
         context = self._recent[-self.context_window:] if self.context_window else []
         self._recent = (self._recent + ids)[-self.context_window:] if self.context_window else []
         self._sent += len(ids)
-        return Chunk(ids, context, final, self.finish_reason if final else "", self.prompt_tokens, self._sent,
-                     log_probs=[log_prob for log_prob, _ in scores], top_log_probs=[top for _, top in scores],
-                     first_token_ns=self.first_token_ns, last_token_ns=self.last_token_ns)
+        return LLMChunk(ids, context, final, self.finish_reason if final else "", self.prompt_tokens, self._sent,
+                        log_probs=[log_prob for log_prob, _ in scores], top_log_probs=[top for _, top in scores],
+                        first_token_ns=self.first_token_ns, last_token_ns=self.last_token_ns)
 
 
 class Responder(Protocol):
-    def send(self, handle: Any, chunk: Chunk) -> None: ...
+    def send(self, handle: Any, chunk: LLMChunk) -> None: ...
 
     def fail(self, handle: Any, error: Exception) -> None: ...
 
@@ -248,7 +250,7 @@ class GenerationLoop:
         self.hooks: Optional[TurnHooks] = None
         self._live: dict[str, _Live] = {}
         self._held: set[str] = set()  # streams whose ready ids wait for their previous chunk's acknowledgement
-        self._finishing: dict[str, list[Chunk]] = {}  # ended streams whose final chunk waits the same way
+        self._finishing: dict[str, list[LLMChunk]] = {}  # ended streams whose final chunk waits the same way
         self._cancelled = 0
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified whenever a request leaves
@@ -259,7 +261,7 @@ class GenerationLoop:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, handle: Any, request: GenerationRequest) -> None:
+    def submit(self, handle: Any, request: SequenceRequest) -> None:
         params = request.params
         end_ids = self.engine.eos_token_ids | ({params.end_id} if params.end_id is not None else set())
         completion = Completion(len(request.prompt_ids), request.stop_sequences, frozenset(end_ids), request.stream,
@@ -396,7 +398,7 @@ class GenerationLoop:
                 self._held.discard(request_id)
                 self._send_or_cancel(live, live.completion.release())
 
-    def _send_or_cancel(self, live: _Live, chunk: Chunk) -> None:
+    def _send_or_cancel(self, live: _Live, chunk: LLMChunk) -> None:
         if not self._send(live, chunk) and not chunk.final:
             self._retire(live.request_id, cancel_engine=True)
             self._send(live, live.completion.cancel())  # Triton holds the request until a final flag
@@ -444,7 +446,7 @@ class GenerationLoop:
 
     # A client that went away must not stop the loop serving the others: responder errors are
     # logged, and a request whose client cannot be reached is treated as cancelled.
-    def _send(self, live: _Live, chunk: Chunk) -> bool:
+    def _send(self, live: _Live, chunk: LLMChunk) -> bool:
         if self.delivery is not None and not chunk.final:
             with self._lock:
                 chunk.delivery = self.delivery.stamp(live.request_id)

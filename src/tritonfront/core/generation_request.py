@@ -5,7 +5,7 @@ request gets its INVALID_ARG naming the input at once and never occupies the gen
 
 A request may hold several prompts (TensorRT-LLM's batched requests: every input has one row per
 prompt) and ask for num_return_sequences sequences of each; `parse_batch` fans it out into one
-GenerationRequest per sequence, each an engine request of its own, tagged with its batch and
+SequenceRequest per sequence, each an engine request of its own, tagged with its batch and
 sequence index. Inputs follow TensorRT-LLM's tensorrt_llm model (tritonfront.core.trtllm_contract).
 """
 import dataclasses
@@ -37,7 +37,9 @@ class ResponseOptions:
 
 
 @dataclass(frozen=True)
-class GenerationRequest:
+class SequenceRequest:
+    """One sequence an `llm` request asks for: a request of its own to the engine."""
+
     prompt_ids: Sequence[int]
     params: SamplingParams
     stop_sequences: Sequence[Sequence[int]] = ()
@@ -51,7 +53,7 @@ class GenerationRequest:
 
     @classmethod
     def parse(cls, inputs: Inputs, vocab_size: int, context_length: int,
-              exclude_input_default: bool = False, default_max_tokens: int = 0) -> "GenerationRequest":
+              exclude_input_default: bool = False, default_max_tokens: int = 0) -> "SequenceRequest":
         """A request of one prompt and one sequence; raises InvalidInput naming the first input
         outside its limit. `default_max_tokens`: LLMConfig.default_max_tokens (0: no cap below
         what the context leaves), the limit of a request that sends no max_tokens."""
@@ -62,7 +64,7 @@ class GenerationRequest:
 
 
 def parse_batch(inputs: Inputs, vocab_size: int, context_length: int,
-                exclude_input_default: bool = False, default_max_tokens: int = 0) -> list[GenerationRequest]:
+                exclude_input_default: bool = False, default_max_tokens: int = 0) -> list[SequenceRequest]:
     """Every sequence a request asks for: its prompts (rows of input_ids) times each prompt's
     num_return_sequences, in that order. Raises InvalidInput naming the first bad input; nothing
     is returned for a request with any bad prompt."""
@@ -163,7 +165,7 @@ def _guided_decoding(inputs: Inputs, row: int, rows: int) -> Optional[GuidedDeco
 
 
 def _parse_prompt(inputs: Inputs, row: int, rows: int, vocab_size: int, context_length: int,
-                  exclude_input_default: bool, default_max_tokens: int) -> list[GenerationRequest]:
+                  exclude_input_default: bool, default_max_tokens: int) -> list[SequenceRequest]:
     ids = required(inputs, "input_ids")
     lengths = required(inputs, "input_lengths").reshape(-1)
     if lengths.size != rows:
@@ -218,7 +220,7 @@ def _parse_prompt(inputs: Inputs, row: int, rows: int, vocab_size: int, context_
         seeded = params
         if params.random_seed is not None:
             seeded = dataclasses.replace(params, random_seed=sequence_seed(params.random_seed, index))
-        requests.append(GenerationRequest(prompt.tolist(), seeded, stop, stream, acknowledged, row, index, options))
+        requests.append(SequenceRequest(prompt.tolist(), seeded, stop, stream, acknowledged, row, index, options))
     return requests
 
 

@@ -17,14 +17,11 @@ from typing import Any, ClassVar, Mapping, Optional
 from . import model_sources
 from .balancing import BALANCING_MODES
 from ..engines import ATTENTIONS, DTYPES, ENGINES, EngineConfig
+from ..errors import ConfigError
 from .tokenization import DEFAULT_MAX_TEXT_BYTES
 
 # Set by tritonfront.watchdog to make Triton reload an unchanged model; it means nothing to a model.
 RELOAD_PARAMETER = "stub_watchdog_reload"
-
-
-class ConfigError(ValueError):
-    """A model's config.pbtxt asks for something the model cannot do; loading fails with it."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ import torch
 from .encoding import transformer_subfolder
 from ..errors import InvalidInput
 from .inputs import Inputs, required, scalar
-from .ragged import RaggedBatch, pad, unpad
+from .padding import pad, unpad
+from .ragged import RaggedBatch
 
 POOLING_MODES = ("mean", "cls", "max", "lasttoken", "mean_sqrt_len_tokens", "weightedmean")
 SENTENCE, TOKENS = "embedding", "token_embeddings"  # the pooler's outputs

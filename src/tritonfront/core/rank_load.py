@@ -63,7 +63,7 @@ class ModelLoad:
 
 
 @dataclass(frozen=True)
-class MetricSpec:
+class ModelMetricSpec:
     name: str
     description: str
     kind: str  # "gauge", "counter" or "histogram"
@@ -71,32 +71,35 @@ class MetricSpec:
 
 # Load field -> the gauge that shows it, labelled by model and rank.
 LOAD_GAUGES = {
-    "outstanding_tokens": MetricSpec("tritonfront_llm_outstanding_tokens",
-                                     "Prompt and generated tokens of unfinished requests", "gauge"),
-    "waiting_requests": MetricSpec("tritonfront_llm_waiting_requests",
-                                   "Requests this rank holds with no token generated yet", "gauge"),
-    "active_sequences": MetricSpec("tritonfront_llm_active_sequences", "Unfinished requests", "gauge"),
-    "kv_cache_blocks": MetricSpec("tritonfront_llm_kv_cache_blocks", "KV cache blocks held by unfinished requests",
-                                  "gauge"),
-    "running_requests": MetricSpec("tritonfront_llm_running_requests",
-                                   "Unfinished requests that generated a token (in the running batch)", "gauge"),
-    "kv_cache_utilization": MetricSpec("tritonfront_llm_kv_cache_utilization",
-                                       "Fraction (0..1) of this rank's KV cache held by unfinished requests", "gauge"),
+    "outstanding_tokens": ModelMetricSpec("tritonfront_llm_outstanding_tokens",
+                                          "Prompt and generated tokens of unfinished requests", "gauge"),
+    "waiting_requests": ModelMetricSpec("tritonfront_llm_waiting_requests",
+                                        "Requests this rank holds with no token generated yet", "gauge"),
+    "active_sequences": ModelMetricSpec("tritonfront_llm_active_sequences", "Unfinished requests", "gauge"),
+    "kv_cache_blocks": ModelMetricSpec("tritonfront_llm_kv_cache_blocks",
+                                       "KV cache blocks held by unfinished requests", "gauge"),
+    "running_requests": ModelMetricSpec("tritonfront_llm_running_requests",
+                                        "Unfinished requests that generated a token (in the running batch)",
+                                        "gauge"),
+    "kv_cache_utilization": ModelMetricSpec("tritonfront_llm_kv_cache_utilization",
+                                            "Fraction (0..1) of this rank's KV cache held by unfinished requests",
+                                            "gauge"),
 }
-CANCELLED_REQUESTS = MetricSpec("tritonfront_llm_cancelled_requests_total",
-                                "Requests cancelled or abandoned by their client", "counter")
+CANCELLED_REQUESTS = ModelMetricSpec("tritonfront_llm_cancelled_requests_total",
+                                     "Requests cancelled or abandoned by their client", "counter")
 
 # ModelLoad field -> the gauge that shows it, labelled by model only: what a router reads.
 MODEL_GAUGES = {
-    "waiting_requests": MetricSpec("tritonfront_num_requests_waiting",
-                                   "Requests waiting to be scheduled: in Triton's queue of the model, or held by a "
-                                   "rank with no token generated yet (as vllm:num_requests_waiting)", "gauge"),
-    "running_requests": MetricSpec("tritonfront_num_requests_running",
-                                   "Requests in the ranks' running batches, summed over the ranks "
-                                   "(as vllm:num_requests_running)", "gauge"),
-    "kv_cache_utilization": MetricSpec("tritonfront_kv_cache_utilization",
-                                       "Fraction (0..1) of the ranks' KV caches held by unfinished requests "
-                                       "(as vllm:kv_cache_usage_perc)", "gauge"),
+    "waiting_requests": ModelMetricSpec("tritonfront_num_requests_waiting",
+                                        "Requests waiting to be scheduled: in Triton's queue of the model, or held "
+                                        "by a rank with no token generated yet (as vllm:num_requests_waiting)",
+                                        "gauge"),
+    "running_requests": ModelMetricSpec("tritonfront_num_requests_running",
+                                        "Requests in the ranks' running batches, summed over the ranks "
+                                        "(as vllm:num_requests_running)", "gauge"),
+    "kv_cache_utilization": ModelMetricSpec("tritonfront_kv_cache_utilization",
+                                            "Fraction (0..1) of the ranks' KV caches held by unfinished requests "
+                                            "(as vllm:kv_cache_usage_perc)", "gauge"),
 }
 
 # The model's totals again, under the metric families and labels TensorRT-LLM's Triton backend
@@ -105,13 +108,13 @@ MODEL_GAUGES = {
 # nv_trt_llm_request_metrics{request_type=waiting}, running {request_type=scheduled}, KV cache
 # nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}). ModelLoad field -> (family,
 # the labels that pick the series), each series also labelled by model.
-TRT_LLM_REQUESTS = MetricSpec("nv_trt_llm_request_metrics",
-                              "TensorRT-LLM backend request metrics, as tritonfront counts them (request_type "
-                              "waiting: as tritonfront_num_requests_waiting; scheduled: as "
-                              "tritonfront_num_requests_running)", "gauge")
-TRT_LLM_KV_CACHE = MetricSpec("nv_trt_llm_kv_cache_block_metrics",
-                              "TensorRT-LLM backend KV cache metrics, as tritonfront counts them (kv_cache_block_type "
-                              "fraction: as tritonfront_kv_cache_utilization)", "gauge")
+TRT_LLM_REQUESTS = ModelMetricSpec("nv_trt_llm_request_metrics",
+                                   "TensorRT-LLM backend request metrics, as tritonfront counts them (request_type "
+                                   "waiting: as tritonfront_num_requests_waiting; scheduled: as "
+                                   "tritonfront_num_requests_running)", "gauge")
+TRT_LLM_KV_CACHE = ModelMetricSpec("nv_trt_llm_kv_cache_block_metrics",
+                                   "TensorRT-LLM backend KV cache metrics, as tritonfront counts them "
+                                   "(kv_cache_block_type fraction: as tritonfront_kv_cache_utilization)", "gauge")
 ROUTER_GAUGES = {
     "waiting_requests": (TRT_LLM_REQUESTS, {"request_type": "waiting"}),
     "running_requests": (TRT_LLM_REQUESTS, {"request_type": "scheduled"}),
@@ -124,7 +127,7 @@ class LoadMetrics:
     changed, the counter grows by the cancellations since the last load. `metric` makes the
     metric of a spec (an object with set() or increment())."""
 
-    def __init__(self, metric: Callable[[MetricSpec], Any]):
+    def __init__(self, metric: Callable[[ModelMetricSpec], Any]):
         self.gauges = {field: metric(spec) for field, spec in LOAD_GAUGES.items()}
         self.cancelled = metric(CANCELLED_REQUESTS)
         self._last = Load()

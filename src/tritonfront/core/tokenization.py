@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 from .inputs import Inputs, decode_texts, row_scalar, scalar, strings
-from .ragged import pad
+from .padding import pad
 from .trtllm_contract import MAX_WORDS
 
 DEFAULT_MAX_TEXT_BYTES = 64 * 1024

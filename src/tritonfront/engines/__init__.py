@@ -15,7 +15,7 @@ ENGINES = ("hf", "tensorrt_llm", "llama_cpp", "synthetic")
 
 def create_engine(name: str, model_dir: Path, device: str, config: EngineConfig) -> Engine:
     if name == "hf":
-        from .hf import HFEngine
+        from .hf.engine import HFEngine
 
         return _built_on_a_thread_that_ends(lambda: HFEngine.from_folder(model_dir, device, config))
     if name == "tensorrt_llm":

@@ -18,7 +18,7 @@ ENGINE_THREAD_NAME = "tf-engine"
 # Weight and activation types an engine is asked for by name; "auto": float32 on CPU, bfloat16 on GPU.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Attention of the transformers engine: "varlen", per request over the paged cache on the CPU
-# (engines/varlen_attention.py; GPUs keep transformers' choice); "sdpa", transformers' own packed
+# (engines/hf/varlen_attention.py; GPUs keep transformers' choice); "sdpa", transformers' own packed
 # attention, quadratic in the batch (the stock engine, kept for comparison).
 ATTENTIONS = ("varlen", "sdpa")
 

@@ -23,7 +23,8 @@ CACHE_ENTRIES = 256
 _LOCATION = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
 
 
-def _client_message(error: Exception) -> str:
+def client_message(error: Exception) -> str:
+    """A guide compiler's error as a client reads it: its first line, without xgrammar's source location."""
     text = str(error).strip()
     return _LOCATION.sub("", text.splitlines()[0] if text else type(error).__name__)
 
@@ -84,7 +85,7 @@ class GuideCompiler:
                     compiled = compiler.compile_grammar(guided.guide)
             except Exception as error:  # xgrammar raises RuntimeError (or ValueError) with the parser's message
                 raise InvalidInput("guided_decoding_guide",
-                                   f"{guided.guide_type} does not compile: {_client_message(error)}") from error
+                                   f"{guided.guide_type} does not compile: {client_message(error)}") from error
             self._compiled[guided] = compiled
             if len(self._compiled) > CACHE_ENTRIES:
                 self._compiled.popitem(last=False)

@@ -4,9 +4,10 @@ Python backend.
 
     config               the front's typed configuration: flags, each with an environment default
     api_errors           errors in OpenAI's shape
-    schemas              request bodies parsed and checked (pydantic, strict types, unknown fields refused)
+    protocol             the wire schemas: request bodies parsed and checked (pydantic, strict types, unknown
+                         fields refused)
     prompts              the LLM's tokenizer: chat template, prompt lengths, tokens for log probs
-    protocol             the Backend the endpoints are served by, and what it takes and gives
+    backend              the Backend interface the endpoints are served by, and what it takes and gives
     answers              what a request's text deltas add up to: choices and usage
     serving_chat         /v1/chat/completions          \\
     serving_completions  /v1/completions                } openai.types objects from the backend's answers

@@ -7,7 +7,8 @@ import sys
 import uvicorn
 
 from ..core import model_sources
-from .config import ConfigError, parse
+from ..errors import ConfigError
+from .config import parse
 from .prompts import Prompts
 from .router import Router, build
 from .triton_backend import connected

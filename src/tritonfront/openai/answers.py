@@ -6,7 +6,7 @@ from typing import Optional
 
 from openai.types import CompletionUsage
 
-from .protocol import TextDelta
+from .backend import TextDelta
 
 
 @dataclass

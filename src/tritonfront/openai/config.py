@@ -7,9 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-
-class ConfigError(ValueError):
-    pass
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)

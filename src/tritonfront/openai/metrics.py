@@ -26,7 +26,7 @@ CLIENT_CLOSED = 499
 
 
 @dataclass(frozen=True)
-class MetricSpec:
+class FrontMetricSpec:
     name: str  # as exposed (a counter's name with its _total)
     kind: str  # counter, histogram
     labels: tuple[str, ...]
@@ -35,24 +35,24 @@ class MetricSpec:
 
 
 METRICS = {spec.name: spec for spec in (
-    MetricSpec("http_requests_total", "counter", ("handler", "method", "status"),
-               "HTTP requests answered by the OpenAI front, by route template and status code"),
-    MetricSpec("vllm:time_to_first_token_seconds", "histogram", ("model_name",),
-               "Seconds from a generation request's arrival to its first generated token",
-               LATENCY_BUCKETS),
-    MetricSpec("vllm:inter_token_latency_seconds", "histogram", ("model_name",),
-               "Seconds between generated tokens of a choice", TOKEN_LATENCY_BUCKETS),
-    MetricSpec("vllm:e2e_request_latency_seconds", "histogram", ("model_name",),
-               "Seconds from a generation request's arrival to its last token", LATENCY_BUCKETS),
-    MetricSpec("vllm:prompt_tokens_total", "counter", ("model_name",), "Prompt tokens of finished requests"),
-    MetricSpec("vllm:generation_tokens_total", "counter", ("model_name",),
-               "Generated tokens of finished requests"),
-    MetricSpec("vllm:request_prompt_tokens", "histogram", ("model_name",), "Prompt tokens per finished request",
-               TOKEN_BUCKETS),
-    MetricSpec("vllm:request_generation_tokens", "histogram", ("model_name",),
-               "Generated tokens per finished request, summed over its choices", TOKEN_BUCKETS),
-    MetricSpec("vllm:request_success_total", "counter", ("model_name", "finished_reason"),
-               "Choices finished, by the engine's finish reason (stop, length)"),
+    FrontMetricSpec("http_requests_total", "counter", ("handler", "method", "status"),
+                    "HTTP requests answered by the OpenAI front, by route template and status code"),
+    FrontMetricSpec("vllm:time_to_first_token_seconds", "histogram", ("model_name",),
+                    "Seconds from a generation request's arrival to its first generated token",
+                    LATENCY_BUCKETS),
+    FrontMetricSpec("vllm:inter_token_latency_seconds", "histogram", ("model_name",),
+                    "Seconds between generated tokens of a choice", TOKEN_LATENCY_BUCKETS),
+    FrontMetricSpec("vllm:e2e_request_latency_seconds", "histogram", ("model_name",),
+                    "Seconds from a generation request's arrival to its last token", LATENCY_BUCKETS),
+    FrontMetricSpec("vllm:prompt_tokens_total", "counter", ("model_name",), "Prompt tokens of finished requests"),
+    FrontMetricSpec("vllm:generation_tokens_total", "counter", ("model_name",),
+                    "Generated tokens of finished requests"),
+    FrontMetricSpec("vllm:request_prompt_tokens", "histogram", ("model_name",), "Prompt tokens per finished request",
+                    TOKEN_BUCKETS),
+    FrontMetricSpec("vllm:request_generation_tokens", "histogram", ("model_name",),
+                    "Generated tokens per finished request, summed over its choices", TOKEN_BUCKETS),
+    FrontMetricSpec("vllm:request_success_total", "counter", ("model_name", "finished_reason"),
+                    "Choices finished, by the engine's finish reason (stop, length)"),
 )}
 
 
@@ -118,7 +118,7 @@ class GenerationMetrics:
                 self._itl.observe((now - previous) / new)
 
     async def observe(self, deltas: AsyncIterator) -> AsyncIterator:
-        """The backend's deltas (protocol.TextDelta) passed on, observed; the request counts as
+        """The backend's deltas (backend.TextDelta) passed on, observed; the request counts as
         finished when they end (not when they fail or the client leaves)."""
         prompt_tokens: dict[int, int] = {}
         completion_tokens: dict[int, int] = {}

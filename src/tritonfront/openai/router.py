@@ -16,12 +16,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import schemas
+from . import protocol
 from .api_errors import OpenAIError, invalid, model_not_found
 from .config import FrontConfig
 from .metrics import CountResponses, FrontMetrics
 from .prompts import Prompts
-from .protocol import Backend
+from .backend import Backend
 from .serving_chat import ChatServing
 from .serving_completions import CompletionServing
 from .serving_embeddings import EmbeddingServing
@@ -64,7 +64,7 @@ class Router:
 
     async def parse(self, request: Request, body_type: type, served: tuple[str, ...]):
         """The request's body parsed, its model one this endpoint serves."""
-        parsed = schemas.parse(body_type, await self.body(request))
+        parsed = protocol.parse(body_type, await self.body(request))
         triton_model = self.config.triton_model(parsed.model)
         if triton_model not in served:
             if parsed.model in self.config.models:
@@ -105,14 +105,14 @@ class Router:
         return await answer(request, serving.whole(parsed))
 
     async def completions(self, request: Request) -> Response:
-        return await self.generate(request, schemas.CompletionRequest, self.completion)
+        return await self.generate(request, protocol.CompletionRequest, self.completion)
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self.generate(request, schemas.ChatCompletionRequest, self.chat)
+        return await self.generate(request, protocol.ChatCompletionRequest, self.chat)
 
     async def embeddings(self, request: Request) -> Response:
         try:
-            parsed = await self.parse(request, schemas.EmbeddingRequest, self.config.embed_models)
+            parsed = await self.parse(request, protocol.EmbeddingRequest, self.config.embed_models)
         except OpenAIError as error:
             return error_response(error)
         return await answer(request, self.embedding.create(parsed))

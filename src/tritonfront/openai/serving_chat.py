@@ -18,8 +18,8 @@ from .answers import Answer
 from .api_errors import invalid
 from .metrics import FrontMetrics
 from .prompts import Prompts
-from .protocol import Backend, GenerationRequest
-from .schemas import ChatCompletionRequest
+from .backend import Backend, TextGenerationRequest
+from .protocol import ChatCompletionRequest
 
 
 class _Content:
@@ -48,7 +48,8 @@ class ChatServing:
         # The backend knows Triton's model names; answers echo the name the client used (a served name).
         self.backend, self.prompts, self.metrics, self.triton_model = backend, prompts, metrics, triton_model
 
-    def generation_request(self, request: ChatCompletionRequest) -> tuple[GenerationRequest, Optional[tools.ToolRequest]]:
+    def generation_request(self, request: ChatCompletionRequest
+                           ) -> tuple[TextGenerationRequest, Optional[tools.ToolRequest]]:
         if not self.prompts.has_chat_template:
             raise invalid("messages", f"messages: model '{request.model}' has no chat template; use /v1/completions")
         tool_request = tools.parse_request(request.tools, request.tool_choice, request.parallel_tool_calls)
@@ -64,11 +65,11 @@ class ChatServing:
         # (OpenAI's default), lowered by its default_max_tokens parameter.
         limit, limit_param = request.completion_limit
         alternatives = (request.top_logprobs or 0) if request.logprobs else None
-        generation = GenerationRequest(self.triton_model(request.model), [prompt], "messages", limit, limit_param, request,
-                                       logprobs=alternatives,
-                                       logprobs_param="top_logprobs" if request.top_logprobs else "logprobs",
-                                       response_format=request.response_format,
-                                       guide=tool_request.guide() if tool_request else None)
+        generation = TextGenerationRequest(self.triton_model(request.model), [prompt], "messages", limit, limit_param,
+                                           request, logprobs=alternatives,
+                                           logprobs_param="top_logprobs" if request.top_logprobs else "logprobs",
+                                           response_format=request.response_format,
+                                           guide=tool_request.guide() if tool_request else None)
         return generation, tool_request
 
     async def _deltas(self, request: ChatCompletionRequest):

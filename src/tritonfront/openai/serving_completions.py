@@ -12,8 +12,8 @@ from . import logprobs, streaming
 from .answers import Answer
 from .api_errors import unsupported
 from .metrics import FrontMetrics
-from .protocol import Backend, GenerationRequest
-from .schemas import CompletionRequest
+from .backend import Backend, TextGenerationRequest
+from .protocol import CompletionRequest
 
 OPENAI_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -27,15 +27,15 @@ class CompletionServing:
         # The backend knows Triton's model names; answers echo the name the client used (a served name).
         self.backend, self.metrics, self.triton_model = backend, metrics, triton_model
 
-    def generation_request(self, request: CompletionRequest) -> GenerationRequest:
+    def generation_request(self, request: CompletionRequest) -> TextGenerationRequest:
         if not all(isinstance(prompt, str) for prompt in request.prompt):
             raise unsupported("prompt", "token ids are not supported: the generation ensemble takes text")
         if request.echo and request.logprobs is not None:
             raise unsupported("echo", "echo with logprobs would need the prompt's log probs, which the generation "
                                       "contract does not return")
         limit = OPENAI_MAX_TOKENS if request.max_tokens is None else request.max_tokens
-        return GenerationRequest(self.triton_model(request.model), list(request.prompt), "prompt", limit, "max_tokens",
-                                 request, logprobs=request.logprobs)
+        return TextGenerationRequest(self.triton_model(request.model), list(request.prompt), "prompt", limit,
+                                     "max_tokens", request, logprobs=request.logprobs)
 
     async def _deltas(self, request: CompletionRequest):
         observed = self.metrics.generation(request.model)

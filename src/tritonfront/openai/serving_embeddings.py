@@ -7,8 +7,8 @@ import numpy as np
 from openai.types import CreateEmbeddingResponse, Embedding
 from openai.types.create_embedding_response import Usage
 
-from .protocol import Backend
-from .schemas import EmbeddingRequest
+from .backend import Backend
+from .protocol import EmbeddingRequest
 
 
 class Base64Embedding(Embedding):

@@ -5,7 +5,7 @@ from openai.types import Model
 
 from .api_errors import OpenAIError, model_not_found
 from .config import FrontConfig
-from .protocol import Backend
+from .backend import Backend
 
 OWNER = "tritonfront"
 

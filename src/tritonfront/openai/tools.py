@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from ..engines.guided import _client_message
+from ..engines.guided import client_message
 from .api_errors import invalid
 
 DEFAULT_TOOL_PROMPT = """You may call one or more functions to answer the user. The functions are \
@@ -107,7 +107,7 @@ def _grammar(schema: dict, where: str):
     try:
         return xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
     except Exception as error:  # xgrammar raises RuntimeError with the converter's message
-        raise invalid(where, f"{where}: the schema does not compile: {_client_message(error)}") from None
+        raise invalid(where, f"{where}: the schema does not compile: {client_message(error)}") from None
 
 
 def _parameters(value: Any, where: str) -> dict:

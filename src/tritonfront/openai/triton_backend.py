@@ -1,4 +1,4 @@
-"""The Backend (protocol) served by Triton over gRPC: generation through the generation ensemble
+"""The Backend (backend) served by Triton over gRPC: generation through the generation ensemble
 (TensorRT-LLM's `ensemble` contract, triton_inputs), embeddings through an embedding ensemble
 (`embed`: tokenizer -> encoder -> pooler).
 
@@ -26,7 +26,7 @@ from . import logprobs
 from .api_errors import SERVER_ERROR, OpenAIError
 from .logprobs import Token
 from .config import FrontConfig
-from .protocol import Embeddings, GenerationRequest, TextDelta
+from .backend import Embeddings, TextDelta, TextGenerationRequest
 from .triton_client import Contract, TritonClient, output
 from .triton_inputs import LOG_PROBS, SEQUENCE_INDEX, Plan, plan
 
@@ -83,7 +83,7 @@ class TritonBackend:
     async def model_ready(self, model: str) -> bool:
         return await self.client.model_ready(model)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
+    async def generate(self, request: TextGenerationRequest) -> AsyncIterator[TextDelta]:
         contract = await self.client.contract(request.model)
         triton_plan = plan(request, contract)
         return merge([self._prompt_deltas(contract, triton_plan, i) for i in range(len(triton_plan.prompts))])

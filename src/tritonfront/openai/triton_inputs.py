@@ -1,4 +1,4 @@
-"""A GenerationRequest -> the inputs of the generation ensemble, whose contract is TensorRT-LLM's
+"""A TextGenerationRequest -> the inputs of the generation ensemble, whose contract is TensorRT-LLM's
 `ensemble` (README: Interfaces): one Triton request per prompt, every one streamed.
 
 Which inputs a model has is read from the model itself (its config, through Triton): a parameter
@@ -16,8 +16,8 @@ from typing import Any, Optional
 
 from . import logprobs
 from .api_errors import unsupported
-from .protocol import GenerationRequest
-from .schemas import ResponseFormat, Sampling
+from .backend import TextGenerationRequest
+from .protocol import ResponseFormat, Sampling
 from .triton_client import Contract
 
 OPENAI_TEMPERATURE = OPENAI_TOP_P = 1.0
@@ -113,7 +113,7 @@ def _guide(guide: tuple[str, str], inputs: _Inputs) -> None:
     inputs.put("tools", text, "guided_decoding_guide")
 
 
-def plan(request: GenerationRequest, contract: Contract) -> Plan:
+def plan(request: TextGenerationRequest, contract: Contract) -> Plan:
     inputs = _Inputs(contract)
     inputs.put(request.prompt_param, request.prompts[0], "text_input")
     inputs.values.pop("text_input")  # each prompt goes in a request of its own

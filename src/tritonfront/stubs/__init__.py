@@ -2,5 +2,6 @@
 
 `glue` is the one module that imports triton_python_backend_utils (the model.py adapters in
 model_repository/ build on it); `server_metrics` lets the llm stub read tritonserver's own
-/metrics. Everything else a stub runs is the core library below.
+/metrics. The Triton glue a stub shares with the watchdog is tritonfront.triton; everything else a
+stub runs is the core library below.
 """

@@ -19,7 +19,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonfront.core import model_config
 from tritonfront.errors import InvalidInput
-from tritonfront.core.rank_load import MetricSpec
+from tritonfront.core.rank_load import ModelMetricSpec
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 logger = logging.getLogger("tritonfront.glue")
@@ -27,7 +27,7 @@ logger = logging.getLogger("tritonfront.glue")
 
 def load_config(args: dict, kind: str) -> model_config.Config:
     """The model's typed config (tritonfront.core.model_config) from initialize's args; raises
-    ConfigError, which fails loading with its message."""
+    tritonfront.errors.ConfigError, which fails loading with its message."""
     return model_config.from_model_config(kind, json.loads(args["model_config"]))
 
 
@@ -144,7 +144,7 @@ class Metrics:
         self.labels = labels
         self.families: dict[str, Any] = {}
 
-    def __call__(self, spec: MetricSpec, buckets: Sequence[float] = (), labels: Optional[dict] = None) -> Any:
+    def __call__(self, spec: ModelMetricSpec, buckets: Sequence[float] = (), labels: Optional[dict] = None) -> Any:
         family = self.families.get(spec.name)
         if family is None:
             kind = getattr(pb_utils.MetricFamily, spec.kind.upper())  # GAUGE, COUNTER, HISTOGRAM

@@ -3,14 +3,14 @@ Triton's queue of a model (nv_inference_pending_request_count: requests not hand
 instance yet), which no model instance can see otherwise.
 
 The metrics endpoint is found from the server's command line (the stub's parent is tritonserver;
-core.triton_flags reads it)."""
+tritonfront.triton.flags reads it)."""
 import re
 import urllib.request
 from typing import Optional
 
 import psutil
 
-from ..core.triton_flags import PENDING_REQUESTS, metrics_url
+from ..triton.flags import PENDING_REQUESTS, metrics_url
 
 
 def pending_requests(metrics: str, model: str) -> Optional[int]:

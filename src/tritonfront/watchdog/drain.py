@@ -19,9 +19,9 @@ lets it end.
 
     python -m tritonfront.watchdog.drain --server-pid PID --timeout 30
 
-The metrics endpoint is found from tritonserver's command line (core.triton_flags). Exit status 0
-when drained, 1 when the timeout passed first, the metrics are off or refuse connections (then the
-caller stops the server anyway: waiting longer would only delay the stop).
+The metrics endpoint is found from tritonserver's command line (tritonfront.triton.flags). Exit
+status 0 when drained, 1 when the timeout passed first, the metrics are off or refuse connections
+(then the caller stops the server anyway: waiting longer would only delay the stop).
 """
 import argparse
 import http.client
@@ -35,7 +35,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..core.rank_load import LOAD_GAUGES
-from ..core.triton_flags import PENDING_REQUESTS, metrics_url
+from ..triton.flags import PENDING_REQUESTS, metrics_url
 
 IN_FLIGHT_FAMILIES = (LOAD_GAUGES["active_sequences"].name, PENDING_REQUESTS)
 QUIET_S = 1.0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import tritonfront
 from tritonfront.core.generation_loop import TurnHooks
-from tritonfront.core.rank_load import MetricSpec
+from tritonfront.core.rank_load import ModelMetricSpec
 
 from harness.deploy import load_module
 
@@ -19,8 +19,8 @@ from harness.deploy import load_module
 COMMITTED_LLM = Path(tritonfront.__file__).resolve().parents[2] / "model_repository" / "llm" / "1" / "model.py"
 committed = load_module(COMMITTED_LLM, "tritonfront_committed_llm")
 
-STEP_SECONDS = MetricSpec("tritonfront_llm_step_seconds",
-                          "Work of one generation loop turn once the engine's outputs are in hand", "histogram")
+STEP_SECONDS = ModelMetricSpec("tritonfront_llm_step_seconds",
+                               "Work of one generation loop turn once the engine's outputs are in hand", "histogram")
 # 0.1 ms .. ~2.6 s, 25% apart: fine enough to read a P99 of loop steps from.
 STEP_SECONDS_BUCKETS = [1e-4 * 1.25**k for k in range(46)]
 

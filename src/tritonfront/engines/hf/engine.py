@@ -1,7 +1,7 @@
 """The embedded default engine: transformers' continuous batching (paged KV cache, in-flight
 batching, chunked prefill) running in a background thread of this model instance.
 
-Sampling is per request inside the shared batch, by the logits processors of engines/sampling.py
+Sampling is per request inside the shared batch, by the logits processors of engines/hf/sampling.py
 (seeded Gumbel-max draws, penalties, bans, guides, log probs); this module runs the manager, feeds
 it requests and hands out what it generates.
 """
@@ -15,10 +15,10 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from transformers.generation.continuous_batching.model_runner import infer_max_single_request_tokens
 
-from .. import threads
+from ... import threads
 from . import varlen_attention
-from .base import ATTENTIONS, DTYPES, ENGINE_THREAD_NAME, Engine, EngineConfig, EngineOutput, SamplingParams
-from .guided import GuideCompiler, check_guide
+from ..base import ATTENTIONS, DTYPES, ENGINE_THREAD_NAME, Engine, EngineConfig, EngineOutput, SamplingParams
+from ..guided import GuideCompiler, check_guide
 from .sampling import PerRequestSampling, RequestFeatures, sampling_kwargs
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -1,5 +1,5 @@
 """Per-request sampling inside transformers' continuous batching: the logits processors the
-transformers engine (engines/hf.py) installs on its manager.
+transformers engine (engines/hf/engine.py) installs on its manager.
 
 transformers' own sampler chooses greedy or sampling for the whole manager and draws from one
 global torch generator, so a request's seed could not mean anything. Instead the manager always
@@ -25,8 +25,8 @@ from transformers.generation.continuous_batching.cb_logits_processors import (
 )
 from transformers.generation.logits_process import LogitsProcessorList
 
-from .base import SamplingParams
-from .guided import allocate_bitmask, apply_bitmask
+from ..base import SamplingParams
+from ..guided import allocate_bitmask, apply_bitmask
 
 _MASK32 = 0xFFFFFFFF
 _MASK64 = 0xFFFFFFFFFFFFFFFF
