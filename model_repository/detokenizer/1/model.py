@@ -15,8 +15,8 @@ class TritonPythonModel:
 
     def execute(self, requests):
         # A chunk of a cancelled ensemble request reaches here (this model has no dynamic batcher to
-        # drop it, config.pbtxt says why) and is answered without acknowledgement.
+        # drop it, config.pbtxt says why) and is answered, its stream refused to the llm.
         return glue.execute_batch(requests, DetokenizeRequest.parse, self.compute, cancellation=True)
 
     def compute(self, requests):
-        return self.detokenizer.respond(requests, self.acknowledger.acknowledge)
+        return self.detokenizer.respond(requests, self.acknowledger.acknowledge, self.acknowledger.refuse)
