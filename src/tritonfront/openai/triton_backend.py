@@ -13,6 +13,10 @@ special tokens ([CLS] ... [SEP] for BERT) as `tokenizer(text)` returns them; the
 list longer than the model's limit, naming it (texts are truncated to it, as sentence-transformers
 does). `dimensions` goes to the pooler, which keeps the first N and normalizes again.
 
+Token ids (Backend.tokenize, for /tokenize and the render endpoints) come from the ensemble's own
+tokenizer step, called directly: the step an ensemble feeds its text_input and takes input_ids from
+(generate's llm_tokenizer, embed's tokenizer), one request per text, untruncated.
+
 Log probs come with each token's bytes from the detokenizer (`output_token_texts`): the text of a
 token is its bytes decoded, never a prefix decoded again.
 """
