@@ -26,6 +26,10 @@ from harness.picker import BUILT_IN_ENGINES, picker_config, plugin_parameters, r
 from tritonfront.core import model_sources
 
 ROOT = Path(__file__).resolve().parents[2]
+# The tests on the session deployment are contract tests (tests/conftest.py); those whose result
+# does not depend on the llm engine (the embed pipeline's, and the front's own tokenizer work with
+# no generation) carry marker `embed`, so scripts/test.sh does not run them again on the other engine.
+ENGINE_FREE = pytest.mark.embed
 PLAIN = ["The capital of France is", "  two leading spaces, émigré café and 🙂!",
          "<|im_start|>user\nA special token written in the text"]
 WEATHER = {"type": "function", "function": {
@@ -114,6 +118,7 @@ def test_the_ensembles_own_chat_template_gives_the_same_ids(client, front, serve
     assert response.status_code == 200 and response.json()["prompt_tokens"] == ours["count"]
 
 
+@ENGINE_FREE
 def test_ids_decode_back_to_their_text(client, front, reference):
     for prompt in PLAIN:
         ids = reference(prompt)["input_ids"]
@@ -121,6 +126,7 @@ def test_ids_decode_back_to_their_text(client, front, reference):
             "prompt": reference.decode(ids)}
 
 
+@ENGINE_FREE
 @pytest.mark.parametrize("body, param", [
     ({"model": "generate"}, "prompt"),
     ({"model": "generate", "prompt": "word " * 9000}, "prompt"),  # leaves no room to generate
@@ -136,6 +142,7 @@ def test_a_refused_tokenize_request_names_the_parameter(client, front, body, par
     assert refused.value.body["param"] == param, refused.value.body
 
 
+@ENGINE_FREE
 def test_a_refused_render_request_names_the_parameter(client):
     with pytest.raises(openai.BadRequestError) as refused:
         client.post("/chat/completions/render", body={"model": "generate", "messages": [
@@ -157,7 +164,7 @@ def cosines(client, query: str, documents: list[str]) -> list[float]:
 DOCUMENTS = ["A kitten naps in the sun", "Stock markets fell sharply", "The cat is sleeping"]
 
 
-@pytest.mark.embed
+@ENGINE_FREE
 def test_scores_and_ranks_are_the_cosine_of_the_embeddings(client):
     expected = cosines(client, "A cat sleeps", DOCUMENTS)
     scored = client.post("/score", body={"model": "embed", "text_1": "A cat sleeps", "text_2": DOCUMENTS},
@@ -179,7 +186,7 @@ def embeddings(client, texts: list[str]) -> np.ndarray:
     return np.array([item.embedding for item in client.embeddings.create(model="embed", input=texts).data])
 
 
-@pytest.mark.embed
+@ENGINE_FREE
 def test_langchains_tei_client_embeds_as_v1_embeddings(client, front, monkeypatch):
     pytest.importorskip("langchain_huggingface")
     from huggingface_hub import constants
@@ -192,7 +199,7 @@ def test_langchains_tei_client_embeds_as_v1_embeddings(client, front, monkeypatc
     assert embedder.embed_query("A cat sleeps") == pytest.approx(embeddings(client, ["A cat sleeps"])[0], abs=1e-5)
 
 
-@pytest.mark.embed
+@ENGINE_FREE
 def test_llama_indexs_tei_client_embeds_as_v1_embeddings(client, front):
     pytest.importorskip("llama_index.embeddings.text_embeddings_inference")
     from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
@@ -202,7 +209,7 @@ def test_llama_indexs_tei_client_embeds_as_v1_embeddings(client, front):
     assert np.array(vectors) == pytest.approx(embeddings(client, DOCUMENTS), abs=1e-5)
 
 
-@pytest.mark.embed
+@ENGINE_FREE
 def test_teis_tokenize_gives_the_embedding_tokenizers_ids_and_similarity_the_cosine(client, front, server):
     texts = ["A cat sleeps", "Émigrés café 🙂 naïve"]
     tokens = httpx.post(f"{front}/tokenize", json={"inputs": texts}).json()
@@ -217,7 +224,7 @@ def test_teis_tokenize_gives_the_embedding_tokenizers_ids_and_similarity_the_cos
     assert httpx.post(f"{front}/decode", json={"ids": ids}).json() == ["a cat sleeps"]
 
 
-@pytest.mark.embed
+@ENGINE_FREE
 @pytest.mark.parametrize("path, body, status, error_type, message", [
     ("/embed", {"inputs": ["short", "word " * 400], "truncate": False}, 422, "Validation",
      "Input validation error: inputs[1]: 402 tokens is over the model limit of 256 (truncate is false)"),
@@ -233,7 +240,7 @@ def test_teis_errors_are_teis(front, path, body, status, error_type, message):
     assert reply.json()["error"].startswith(message)
 
 
-@pytest.mark.embed
+@ENGINE_FREE
 def test_a_long_text_is_truncated_by_default_as_tei_does(client, front):
     vectors = httpx.post(f"{front}/embed", json={"inputs": "word " * 400}, timeout=60)
     assert vectors.status_code == 200 and int(vectors.headers["x-compute-tokens"]) == 256
@@ -279,7 +286,7 @@ def test_generate_without_text_input_names_it_on_http_generate_and_grpc(server, 
     assert good.status_code == 200
 
 
-@pytest.mark.embed
+@ENGINE_FREE
 @pytest.mark.parametrize("model, inputs, missing", [
     ("embed", {"dimensions": np.array([[8]], dtype=np.int32)}, "text_input"),
     ("embed", {"truncate": np.array([[True]])}, "text_input"),
@@ -344,6 +351,7 @@ def test_the_docs_console_examples_run_as_written(server, openai_server):
 
 # The running front loads no torch
 
+@ENGINE_FREE
 def test_the_running_front_has_no_torch_loaded(openai_server):
     fronts = [process for process in psutil.Process(openai_server.process.pid).children(recursive=True)
               if "tritonfront.openai" in " ".join(process.cmdline())]
