@@ -13,3 +13,8 @@ class ConfigError(ValueError):
     """A configuration that cannot start: a model's config.pbtxt parameters (loading the model
     fails with it) or the OpenAI front's flags (the front exits with it). The message names the
     setting, the value and what is allowed."""
+
+
+class Unavailable(RuntimeError):
+    """A request the server cannot take now but another replica, or this one later, can (it is
+    stopping); models answer it UNAVAILABLE (HTTP 503), which clients and routers retry."""

@@ -9,6 +9,7 @@ from tritonfront.core.detokenization import DetokenizeRequest, StreamDetokenizer
 class TritonPythonModel:
     def initialize(self, args):
         config = glue.load_config(args, "detokenizer")
+        glue.exit_with_server()
         self.detokenizer = StreamDetokenizer.from_folder(model_sources.model_dir(config.model_source))
         self.acknowledger = Acknowledger(server_pid=os.getppid())  # the stub's parent is tritonserver
 
