@@ -1,3 +1,6 @@
+import contextlib
+from typing import Optional
+
 import pytest
 
 from harness.deploy import deployment_under_test
@@ -10,14 +13,47 @@ from harness.server import triton_server
 NO_SERVER, SESSION_DEPLOYMENT, OWN_DEPLOYMENT = range(3)
 
 
+class _SessionDeployment:
+    """The session deployment's server, which stops as soon as the last module that uses it is done
+    (pytest_runtest_protocol below): the modules after it start deployments of their own, and two
+    servers at once doubled the memory and CPU those tests ran with."""
+
+    def __init__(self):
+        self._stack: Optional[contextlib.ExitStack] = None
+
+    @property
+    def running(self) -> bool:
+        return self._stack is not None
+
+    def start(self, folder):
+        self._stack = contextlib.ExitStack()
+        return self._stack.enter_context(triton_server(folder / "server.log",
+                                                       repositories=deployment_under_test(folder), openai=True))
+
+    def stop(self) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            stack.close()
+
+
+_SESSION = _SessionDeployment()
+_PLACES: dict = {}  # test file -> its place in the session (pytest_collection_modifyitems)
+
+
 @pytest.fixture(scope="session")
 def deployment(tmp_path_factory):
     """The committed repositories with serve.sh's OpenAI front, as a user runs them with
     scripts/serve.sh (or the deployment of the engine TRITONFRONT_TEST_ENGINE names:
     harness.deploy.deployment_under_test): the one server the Triton and the OpenAI tests share."""
-    out = tmp_path_factory.mktemp("triton")
-    with triton_server(out / "server.log", repositories=deployment_under_test(out), openai=True) as running:
-        yield running
+    yield _SESSION.start(tmp_path_factory.mktemp("triton"))
+    _SESSION.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    yield
+    if _SESSION.running and (nextitem is None or _PLACES.get(nextitem.path) == OWN_DEPLOYMENT):
+        _SESSION.stop()
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +98,7 @@ def pytest_collection_modifyitems(items):
         if _uses_session_deployment(item):
             item.add_marker(pytest.mark.contract)
     places = _module_places(items)
+    _PLACES.update(places)
     items.sort(key=lambda item: places[item.path])  # stable: collection order within a place
 
 
