@@ -7,3 +7,8 @@ class InvalidInput(ValueError):
     def __init__(self, field: str, problem: str):
         super().__init__(f"{field}: {problem}")
         self.field = field
+
+
+class Cancelled(Exception):
+    """A request answered with Triton's CANCELLED status instead of a result: a stop request of the
+    LLM-API contract is answered so, as NVIDIA's tensorrt_llm model answers it."""

@@ -398,3 +398,22 @@ def test_per_token_outputs_only_when_asked_and_top_ids_checked():
     [out] = detokenizer.respond([DetokenizeRequest([chunk], {}, None, [0], False, padded)], lambda stamps: None)
     assert out["output_top_texts"].shape == (1, 1, n, 2) and set(out["output_top_texts"][0, 0, :, 1]) == {b""}
     assert b"".join(out["output_top_texts"][0, 0, :, 0]).decode() == "Hi there"
+
+
+def test_stop_reasons_and_the_llmapi_pass_through_as_parsed_from_the_llms_tensors():
+    tokenizer, detokenizer = _get("smollm2")
+    ids, word = encode(tokenizer, "Hello there"), encode(tokenizer, "<|im_end|> done")
+    inputs = {"output_ids": np.array([ids], dtype=np.int32), "context_ids": np.zeros((1, 0), dtype=np.int32),
+              "is_final": np.array([[True]]), "prompt_tokens": np.array([[3]], dtype=np.int32),
+              "completion_tokens": np.array([[len(ids)]], dtype=np.int32),
+              "stop_reason_ids": np.array([word], dtype=np.int32), "kv_cache_hit_rate": np.array([[0.0]], np.float32)}
+    [out] = detokenizer.respond([DetokenizeRequest.parse(inputs)], lambda stamps: None)
+    # The word decoded with its special tokens; no finish_reason unless the llm sent one.
+    assert out["stop_reason"].tolist() == [[b"<|im_end|> done"]] and "finish_reason" not in out
+    assert out["text_output"].tolist() == [b"Hello there"] and out["kv_cache_hit_rate"].tolist() == [[0.0]]
+    inputs["stop_reason_ids"] = np.zeros((1, 0), dtype=np.int32)
+    [out] = detokenizer.respond([DetokenizeRequest.parse(inputs)], lambda stamps: None)
+    assert out["stop_reason"].tolist() == [[b"None"]]
+    del inputs["stop_reason_ids"]
+    [out] = detokenizer.respond([DetokenizeRequest.parse(inputs)], lambda stamps: None)
+    assert "stop_reason" not in out

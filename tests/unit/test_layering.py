@@ -31,8 +31,8 @@ ROOMS = {"errors": 0, "threads": 0, "engines": 1, "core": 2, **{process: 3 for p
 CORE_LAYERS = [
     {"inputs", "shared_tables", "ragged", "devices", "model_sources", "stopping", "rank_load", "trtllm_contract",
      "triton_flags"},
-    {"tokenization", "encoding", "detokenization", "delivery", "balancing", "generation_request", "core_sharing"},
-    {"pooling", "generation_loop"},
+    {"encoding", "delivery", "balancing", "generation_request", "core_sharing", "llmapi_contract", "stop_requests"},
+    {"tokenization", "detokenization", "pooling", "generation_loop", "llmapi_request"},
     {"fanout"},
     {"model_config"},
 ]

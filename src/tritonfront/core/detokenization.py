@@ -58,6 +58,7 @@ import numpy as np
 
 from ..errors import InvalidInput
 from .inputs import Inputs, required
+from .llmapi_contract import NONE_TEXT, STOP_REASON_IDS, UNMEASURED_OUTPUTS
 from .trtllm_contract import ALWAYS_PASSED, REQUESTED_PASSED, TOKEN_TEXTS_FLAG, TOP_LOG_PROB_OUTPUTS
 
 DETOKENIZER_WINDOW = 8
@@ -77,9 +78,10 @@ class Chunk:
 
 
 # Inputs of a chunk that the `detokenizer` passes on to the client unchanged: always there, and
-# there when the llm sends them.
-PASSED_THROUGH = ("finish_reason", "prompt_tokens", "completion_tokens")
-OPTIONALLY_PASSED = (*ALWAYS_PASSED, *REQUESTED_PASSED, *TOP_LOG_PROB_OUTPUTS)
+# there when the llm sends them (finish_reason is left out for an LLM-API request that did not ask
+# for it: tritonfront.core.fanout).
+PASSED_THROUGH = ("prompt_tokens", "completion_tokens")
+OPTIONALLY_PASSED = ("finish_reason", *ALWAYS_PASSED, *REQUESTED_PASSED, *TOP_LOG_PROB_OUTPUTS, *UNMEASURED_OUTPUTS)
 
 
 @dataclass
@@ -95,6 +97,9 @@ class DetokenizeRequest:
     # Its ensemble request was cancelled (the client left): decoded for Triton, whose ensemble
     # must get every step's response, but never acknowledged, so the llm frees the stream.
     cancelled: bool = False
+    # Per row, the ids of the stop word that ended an LLM-API sequence (empty: none), to decode
+    # into stop_reason; None when the request did not ask for it.
+    stop_reason_ids: Optional[list[list[int]]] = None
 
     @classmethod
     def parse(cls, inputs: Inputs, cancelled: bool = False) -> "DetokenizeRequest":
@@ -112,8 +117,11 @@ class DetokenizeRequest:
         chunks = [Chunk(context.tolist(), head + output.tolist(), bool(final))
                   for context, output, final, head in zip(context_ids, output_ids, is_final, heads)]
         flag = inputs.get(TOKEN_TEXTS_FLAG)
+        stop_ids = inputs.get(STOP_REASON_IDS)
+        stop_reason_ids = None if stop_ids is None else [[int(i) for i in row if i >= 0] for row in stop_ids]
         return cls(chunks, passed_through, inputs.get("delivery"), [len(head) for head in heads],
-                   flag is not None and bool(flag.any()), inputs.get("output_top_ids"), cancelled)
+                   flag is not None and bool(flag.any()), inputs.get("output_top_ids"), cancelled,
+                   stop_reason_ids)
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -406,6 +414,14 @@ class StreamDetokenizer:
                 outputs["output_top_texts"][r, 0, i, j] = share
         return outputs
 
+    def stop_reasons(self, stop_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """stop_reason ([rows, 1]): the stop word each row's ids decode to, with its special tokens,
+        or NVIDIA's "None" where no stop word ended the sequence."""
+        for row in stop_ids:
+            self.check_ids(np.asarray(row, dtype=np.int64), STOP_REASON_IDS)
+        texts = [self._fast.decode(list(row), skip_special_tokens=False) if row else NONE_TEXT for row in stop_ids]
+        return np.array([[text.encode("utf-8")] for text in texts], dtype=np.object_)
+
     def detokenize_requests(self, requests: Sequence[Sequence[Chunk]]) -> list:
         """Per request (a list of chunks), its texts or the InvalidInput it earned; one decode
         call for every chunk of every valid request."""
@@ -440,6 +456,8 @@ class StreamDetokenizer:
                 continue
             try:
                 per_token = self.per_token_outputs(request)
+                if request.stop_reason_ids is not None:
+                    per_token["stop_reason"] = self.stop_reasons(request.stop_reason_ids)
             except InvalidInput as error:
                 outputs.append(error)
                 continue

@@ -14,18 +14,24 @@ It also adds to each chunk what the request asked for beside text (trtllm_contra
 ids for a whole answer that includes its prompt (the detokenizer decodes them with the answer, as
 TensorRT-LLM's postprocessing decodes output_ids that start with the prompt), log probs, token
 counts and timings; and for tritonfront's extension the top alternatives per token and the flag
-that asks the detokenizer for per-token texts.
+that asks the detokenizer for per-token texts. A request of the LLM-API contract
+(tritonfront.core.llmapi_request) gets that contract's outputs instead: a stream's chunks carry
+every id so far (the detokenizer decodes the text so far, as NVIDIA's model streams it), the
+prompt's ids with each when it asked for the prompt, finish_reason and stop_reason only on request,
+and can be stopped by a stop request of its id (tritonfront.core.stop_requests).
 """
 import math
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from . import llmapi_contract
 from .generation_loop import Chunk, GenerationLoop, Responder
 from .generation_request import GenerationRequest
+from .stop_requests import StopBoard, id_hash
 from .trtllm_contract import PERF_METRIC_OUTPUTS, TOKEN_TEXTS_FLAG, UNMEASURED_PERF_METRICS, spec
 
 _NUMPY = {"TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_FP32": np.float32}
@@ -35,12 +41,13 @@ class RequestGroup:
     """The sequences of one Triton request: how many have yet to send their final chunk, and
     whether the request failed (its error was sent: nothing more may be)."""
 
-    def __init__(self, handle: Any, sequences: int, arrival_ns: int):
+    def __init__(self, handle: Any, sequences: int, arrival_ns: int, stop_key: Optional[int] = None):
         self.handle = handle
         self.arrival_ns = arrival_ns  # time.time_ns() when the llm took the request
         self.unfinished = sequences
         self.failed = False
         self.lock = threading.Lock()  # sends of one request never interleave with its failure
+        self.stop_key = stop_key  # an LLM-API request's id, hashed (stop_requests.id_hash): stop requests find it
 
 
 @dataclass
@@ -50,6 +57,7 @@ class SequenceHandle:
     group: RequestGroup
     request: GenerationRequest
     cum_log_prob: float = 0.0  # over the ids sent so far
+    sent_ids: list = field(default_factory=list)  # an LLM-API stream's ids so far (its chunks carry all of them)
 
 
 @dataclass
@@ -63,11 +71,15 @@ class Reply:
         return self.outputs
 
 
-def submit_group(loop: GenerationLoop, handle: Any, sequences: Sequence[GenerationRequest]) -> None:
+def submit_group(loop: GenerationLoop, handle: Any, sequences: Sequence[GenerationRequest],
+                 request_id: str = "") -> None:
     """Submits every sequence of a request to the loop. If one cannot be submitted, the request
     fails (the caller sends the error) and the sequences already in the engine are cancelled at the
-    loop's next cancellation check, with nothing more sent."""
-    group = RequestGroup(handle, len(sequences), time.time_ns())
+    loop's next cancellation check, with nothing more sent. `request_id`: Triton's id of the
+    request, by which a stop request of the LLM-API contract finds an LLM-API request."""
+    llmapi = any(sequence.options.llmapi for sequence in sequences)
+    group = RequestGroup(handle, len(sequences), time.time_ns(),
+                         stop_key=id_hash(request_id) if llmapi and request_id else None)
     try:
         for sequence in sequences:
             loop.submit(SequenceHandle(group, sequence), sequence)
@@ -80,8 +92,9 @@ def submit_group(loop: GenerationLoop, handle: Any, sequences: Sequence[Generati
 class GroupResponder:
     """tritonfront.core.generation_loop's Responder for SequenceHandles, over a Responder of Triton requests."""
 
-    def __init__(self, responder: Responder):
+    def __init__(self, responder: Responder, stops: Optional[StopBoard] = None):
         self.responder = responder
+        self.stops = stops
 
     def send(self, handle: SequenceHandle, chunk: Chunk) -> None:
         group = handle.group
@@ -101,11 +114,15 @@ class GroupResponder:
             self.responder.fail(group.handle, error)
 
     def is_cancelled(self, handle: SequenceHandle, ask_client: bool = True) -> bool:
-        return handle.group.failed or self.responder.is_cancelled(handle.group.handle, ask_client=ask_client)
+        group = handle.group
+        # A stop request is read from the shared table, without a round trip to Triton.
+        stopped = group.stop_key is not None and self.stops is not None and self.stops.stopped(group.stop_key,
+                                                                                                group.arrival_ns)
+        return group.failed or stopped or self.responder.is_cancelled(group.handle, ask_client=ask_client)
 
 
 def _column(name: str, value) -> np.ndarray:
-    return np.array([[value]], dtype=_NUMPY[spec(name).dtype])
+    return np.array([[value]], dtype=_NUMPY[(spec(name) or llmapi_contract.spec(name)).dtype])
 
 
 def chunk_outputs(handle: SequenceHandle, chunk: Chunk) -> dict[str, np.ndarray]:
@@ -116,7 +133,12 @@ def chunk_outputs(handle: SequenceHandle, chunk: Chunk) -> dict[str, np.ndarray]
     outputs = chunk.tensors()
     outputs["batch_index"] = _column("batch_index", request.batch_index)
     outputs["sequence_index"] = _column("sequence_index", request.sequence_index)
-    if chunk.final and not request.stream and not options.exclude_input:
+    if options.llmapi is not None and request.stream:
+        # The LLM API streams the text so far: every chunk carries all ids sent so far.
+        handle.sent_ids.extend(chunk.output_ids)
+        outputs["output_ids"] = np.array([handle.sent_ids], dtype=np.int32).reshape(1, -1)
+        outputs["context_ids"] = np.zeros((1, 0), dtype=np.int32)
+    if not options.exclude_input and (chunk.final and not request.stream or options.llmapi is not None):
         outputs["echo_ids"] = np.array([request.prompt_ids], dtype=np.int32)
     if options.log_probs:
         handle.cum_log_prob += math.fsum(chunk.log_probs)
@@ -135,6 +157,27 @@ def chunk_outputs(handle: SequenceHandle, chunk: Chunk) -> dict[str, np.ndarray]
                     "last_token_time_ns": chunk.last_token_ns}
         for name in PERF_METRIC_OUTPUTS:
             outputs[name] = _column(name, 0 if name in UNMEASURED_PERF_METRICS else measured[name])
+    if options.llmapi is not None:
+        if not options.llmapi.finish_reason:
+            del outputs["finish_reason"]
+        outputs.update(llmapi_outputs(chunk, options))
+    return outputs
+
+
+def llmapi_outputs(chunk: Chunk, options) -> dict[str, np.ndarray]:
+    """What a chunk of an LLM-API request carries beside the generate contract's outputs, or
+    instead of them: finish_reason (when asked) with NVIDIA's "None" until the last chunk; the ids
+    of the stop word that ended the sequence (the detokenizer decodes them into stop_reason); with
+    the perf metrics, the ones only that contract has (not measured: 0)."""
+    outputs = {}
+    if options.llmapi.finish_reason:
+        outputs["finish_reason"] = np.array([[(chunk.finish_reason or llmapi_contract.NONE_TEXT).encode()]],
+                                            dtype=np.object_)
+    if options.llmapi.stop_reason:
+        outputs[llmapi_contract.STOP_REASON_IDS] = np.array([chunk.stop_sequence], dtype=np.int32).reshape(1, -1)
+    if options.perf_metrics:
+        for name in llmapi_contract.UNMEASURED_OUTPUTS:
+            outputs[name] = _column(name, 0)
     return outputs
 
 
