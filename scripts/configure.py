@@ -9,6 +9,7 @@ code is never copied.
     scripts/configure.py --out /tmp/deploy --gpus 0,1 --engine tensorrt_llm
     scripts/configure.py --out /tmp/deploy --queue encoder=256:2000 --queue llm=128:30000
     scripts/configure.py --out /tmp/deploy --queue-delay llm_tokenizer=2000 --queue-delay llm=2000
+    scripts/configure.py --out /tmp/deploy --llmapi-decoupled
     TRITONFRONT_REPOSITORIES=/tmp/deploy/model_repository:/tmp/deploy/ensembles scripts/serve.sh
 """
 import argparse
@@ -39,6 +40,7 @@ if __name__ == "__main__":  # imported (by a test), it is already in some venv: 
 from google.protobuf import text_format  # noqa: E402 (installed in the venv entered above)
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
+from tritonfront.core.llmapi_contract import DECOUPLED_MODEL_NAME, MODEL_NAME as LLMAPI_MODEL  # noqa: E402
 from tritonfront.core.model_config import CONFIGS, PARAMETERS, ConfigError, validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,6 +132,10 @@ def build(args) -> list[tuple[str, Path, model_config_pb2.ModelConfig]]:
                 continue
             config = load(config_file)
             name = config.name or model_dir.name  # Triton names a model without `name` after its folder
+            if args.llmapi_decoupled and name == LLMAPI_MODEL:
+                continue  # the decoupled model takes its name, as decoupled: True in NVIDIA's model.yaml
+            if args.llmapi_decoupled and name == DECOUPLED_MODEL_NAME:
+                config.name = LLMAPI_MODEL
             if counts.get(name):
                 set_count(config, counts[name])
             if args.gpus and name in GPU_MODELS:
@@ -267,6 +273,10 @@ def main(argv=None) -> None:
     parser.add_argument("--tokenizers", type=count, help="tokenizer and llm_tokenizer instance count")
     parser.add_argument("--encoders", type=count, help="encoder instance count (CPU)")
     parser.add_argument("--poolers", type=count, help="pooler instance count")
+    parser.add_argument("--llmapi-decoupled", action="store_true",
+                        help=f"serve TensorRT-LLM's LLM-API contract decoupled under its name {LLMAPI_MODEL} (streams "
+                             f"over gRPC, no unary infer), as decoupled: True in NVIDIA's model.yaml; by default "
+                             f"{LLMAPI_MODEL} is not decoupled and {DECOUPLED_MODEL_NAME} streams")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.PARAM=VALUE",
                         help="override a config.pbtxt parameter, e.g. llm.balancing=none (checked against the "
                              "model's typed config: tritonfront/core/model_config.py)")
