@@ -273,7 +273,9 @@ def write_sources(root: Path, logprobs_mode: bool = True, max_top_logprobs: Opti
     TensorRT-LLM's: LLM in llmapi/llm.py with generate_async on a base class, TorchLlmArgs (pydantic)
     in llmapi/llm_args.py with most fields on its base, SamplingParams a dataclass in
     sampling_params.py, results in executor/result.py. `drop`: manifest names left out ("object.name",
-    e.g. "SamplingParams.max_tokens"), as a renamed keyword would be. Importable (pydantic is installed)."""
+    e.g. "SamplingParams.max_tokens"; "LLM.generate_async.streaming"; a literal value,
+    "LLM.sampler_type=TorchSampler"), as a renamed keyword would be. Importable (pydantic is
+    installed)."""
     def kept(object_name: str, names) -> list:
         return [name for name in names if f"{object_name}.{name}" not in drop]
 

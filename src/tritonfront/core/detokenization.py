@@ -455,9 +455,9 @@ class StreamDetokenizer:
                 outputs.append(texts)
                 continue
             try:
-                per_token = self.per_token_outputs(request)
+                added = self.per_token_outputs(request)
                 if request.stop_reason_ids is not None:
-                    per_token["stop_reason"] = self.stop_reasons(request.stop_reason_ids)
+                    added["stop_reason"] = self.stop_reasons(request.stop_reason_ids)
             except InvalidInput as error:
                 outputs.append(error)
                 continue
@@ -466,5 +466,5 @@ class StreamDetokenizer:
             # One string per row without a further dimension, as TensorRT-LLM's postprocessing
             # sends text_output (its clients read output[0]).
             outputs.append({"text_output": np.array([text.encode("utf-8") for text in texts], dtype=np.object_),
-                            **request.passed_through, **per_token})
+                            **request.passed_through, **added})
         return outputs

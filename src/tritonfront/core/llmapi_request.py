@@ -72,8 +72,8 @@ def _stop(request_id: str, stops: Optional[StopBoard]) -> None:
                                    f"{MODEL_NAME} requests in flight that were sent with the same id")
     if stops is not None:
         stops.post(request_id)
-    raise Cancelled(f"{STOP_ANSWER}: the {MODEL_NAME} requests in flight with id {request_id!r} stop; a stop "
-                    "request is answered so, with CANCELLED, as NVIDIA's model answers it")
+    raise Cancelled(f"{STOP_ANSWER}: a stop request; the {MODEL_NAME} requests in flight with id {request_id!r} "
+                    "were told to stop")
 
 
 def _check_unsupported(inputs: Inputs) -> None:
