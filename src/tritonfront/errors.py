@@ -13,3 +13,8 @@ class ConfigError(ValueError):
     """A configuration that cannot start: a model's config.pbtxt parameters (loading the model
     fails with it) or the OpenAI front's flags (the front exits with it). The message names the
     setting, the value and what is allowed."""
+
+
+class Cancelled(Exception):
+    """A request answered with Triton's CANCELLED status instead of a result: a stop request of the
+    LLM-API contract is answered so, as NVIDIA's tensorrt_llm model answers it."""
