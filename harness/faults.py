@@ -156,6 +156,13 @@ class KillResult:
     ready_after: bool
     restores: list = field(default_factory=list)  # the watchdog's reloads for this kill
 
+    def timeline(self) -> str:
+        """The requests sent after the kill, in order: seconds after the kill each was sent and
+        ended, and how (what a failed recovery assertion prints)."""
+        return "; ".join(f"{o.scheduled - self.killed:+.1f}..{'-' if o.ended is None else f'{o.ended - self.killed:+.1f}'}"
+                         f" {o.kind}{'' if o.correct is not False else ' WRONG'}{': ' + o.message[:80] if o.message else ''}"
+                         for o in sorted(self.after, key=lambda o: o.scheduled))
+
     def errors(self, outcomes: Optional[list[Outcome]] = None) -> Counter:
         """Error message -> requests that got it, of the in-flight ones unless told."""
         return Counter(o.error for o in (self.in_flight if outcomes is None else outcomes) if o.error is not None)

@@ -56,7 +56,8 @@ def test_killed_stub_fails_in_flight_requests_and_is_reloaded(watched_server, mo
     server, watchdog = watched_server
     result = kill_under_load(server, watchdog, model, clients=3, hang_s=HANG_S, recover_s=RECOVER_S)
     assert result.in_flight, "no request was in flight at the kill"
-    assert result.recovered_s is not None, f"{result.via} gave no correct answer {RECOVER_S:g} s after the kill"
+    assert result.recovered_s is not None, \
+        f"{result.via} gave no correct answer {RECOVER_S:g} s after the kill: {result.timeline()}"
     assert [(r.model, r.instances, r.error) for r in result.restores] == [(model, [result.instance], None)]
     assert result.wrong == 0, "an answer differed from the one before the kill"
     assert result.ready_after

@@ -21,9 +21,20 @@ MAX_TOKENS = 40
 STOP_S = 60  # the drain (the streams' last tokens) and Triton's own stop, on a loaded 2-core machine
 
 
+SHORT_GRACE_MS = 3000  # the unbounded stream's test waits this out instead of the committed 20 s
+
+
 @pytest.fixture
 def server(tmp_path):
     repositories = write_deployment(tmp_path / "deployment", keep=GENERATE_MODELS)
+    with triton_server(tmp_path / "server.log", repositories=repositories, models=GENERATE_MODELS) as running:
+        yield running
+
+
+@pytest.fixture
+def short_grace_server(tmp_path):
+    repositories = write_deployment(tmp_path / "deployment", "--set", f"llm.stop_grace_ms={SHORT_GRACE_MS}",
+                                    keep=GENERATE_MODELS)
     with triton_server(tmp_path / "server.log", repositories=repositories, models=GENERATE_MODELS) as running:
         yield running
 
@@ -58,3 +69,69 @@ def test_sigterm_lets_running_streams_end_whole_then_stops_with_nothing_in_fligh
     in_flight = server.in_flight_lines()
     assert not in_flight, in_flight[-5:]
     print(f"SIGTERM -> streams ended and serve.sh gone: {took:.1f} s")
+
+
+def test_sigterm_ends_an_unbounded_stream_cleanly_and_refuses_new_requests(short_grace_server):
+    """A stream without max_tokens (it could run to the context's end) does not hold the stop: after
+    the llm's grace (stop_grace_ms, here 3 s) it ends with its text so far and finish reason cancelled;
+    a request sent meanwhile is refused UNAVAILABLE; nothing stays in flight."""
+    server = short_grace_server
+    streams = Streams(server.grpc_url)
+    try:
+        streams.send("long", generate_inputs(PROMPTS[0], None, stream=True))
+        deadline = time.monotonic() + 120
+        while not streams.responses["long"]:
+            assert time.monotonic() < deadline, "the stream sent nothing in 120 s"
+            time.sleep(0.05)
+        stopping = time.monotonic()
+        os.kill(server.process.pid, signal.SIGTERM)
+        time.sleep(1)  # the drain has told the llm
+        late = Streams(server.grpc_url)
+        try:
+            _, refused = late.request("late", generate_inputs(PROMPTS[1], 8, stream=True), timeout=30)
+        finally:
+            late.close(cancel=True)
+        assert refused is not None and "server is stopping" in str(refused), refused
+        streams.wait(["long"], timeout=STOP_S)
+        ended = time.monotonic() - stopping
+        assert streams.last("long", "finish_reason") == b"cancelled"
+        assert "".join(streams.texts("long")), "the text generated before the stop is kept"
+    finally:
+        streams.close(cancel=True)
+    server.process.wait(timeout=STOP_S)
+    took = time.monotonic() - stopping
+    assert not server.in_flight_lines(), server.in_flight_lines()[-5:]
+    print(f"SIGTERM with an unbounded stream: it ended after {ended:.1f} s, serve.sh gone after {took:.1f} s")
+
+
+def test_stubs_exit_when_tritonserver_is_killed_under_an_unbounded_request(server):
+    """A stub whose tritonserver is gone exits within seconds, whatever its threads do (an llm
+    stub went on generating for 51 minutes before: glue.exit_with_server)."""
+    from tritonfront.watchdog import live_stubs
+
+    streams = Streams(server.grpc_url)
+    try:
+        streams.send("long", generate_inputs(PROMPTS[0], None, stream=True))
+        deadline = time.monotonic() + 120
+        while not streams.responses["long"]:
+            assert time.monotonic() < deadline, "the stream sent nothing in 120 s"
+            time.sleep(0.05)
+        stubs = list(live_stubs(server.pid))
+        assert stubs
+        os.kill(server.pid, signal.SIGKILL)  # tritonserver itself, not serve.sh
+        killed = time.monotonic()
+        while any(alive(pid) for pid in stubs):
+            assert time.monotonic() - killed < 10, [pid for pid in stubs if alive(pid)]
+            time.sleep(0.1)
+        print(f"every stub gone {time.monotonic() - killed:.1f} s after tritonserver's SIGKILL")
+    finally:
+        streams.close(cancel=True)
+
+
+def alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

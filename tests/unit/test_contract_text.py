@@ -171,3 +171,15 @@ def test_a_cancelled_requests_chunk_is_answered_but_never_acknowledged(detokeniz
                                                               lambda: asked.append(1) or True)], lambda delivery: None)
     assert not asked and unchecked["text_output"].shape == (1,)
     assert live["text_output"].shape == cancelled["text_output"].shape == (1,)
+
+
+def test_a_cancelled_chunk_is_answered_and_refused_a_decoded_one_acknowledged(detokenizer):
+    """The llm learns from the refusal that the stream's client left (tritonfront.core.delivery)."""
+    stamp = (7, 0, 3, 42)
+    live = DetokenizeRequest.parse(detokenizer_request([100], delivery=stamp))
+    gone = DetokenizeRequest.parse(detokenizer_request([101], delivery=stamp), is_cancelled=lambda: True)
+    acknowledged, refused = [], []
+    answers = detokenizer.respond([live, gone], lambda d: acknowledged.append(d.tolist()),
+                                  lambda d: refused.append(d.tolist()))
+    assert all("text_output" in answer for answer in answers)  # Triton's ensemble needs every step's answer
+    assert acknowledged == [[list(stamp)]] and refused == [[list(stamp)]]

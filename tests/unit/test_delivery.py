@@ -22,7 +22,7 @@ class Clock:
 def tracker(tmp_path):
     clock = Clock()
     rows = open_rows(ack_table_path(model_key("llm"), os.getpid(), tmp_path), 2, SLOTS)
-    tracker = DeliveryTracker(rows[1], model_key("llm"), 1, timeout_s=5.0, grace_s=1.0, clock=clock)
+    tracker = DeliveryTracker(rows[1], model_key("llm"), 1, timeout_s=5.0, clock=clock)
     return tracker, Acknowledger(os.getpid(), tmp_path), clock
 
 
@@ -39,19 +39,37 @@ def test_acknowledged_streams_are_never_abandoned(tracker):
     assert tracker.abandoned() == []
 
 
-def test_a_stream_left_behind_by_later_deliveries_is_abandoned_within_the_grace(tracker):
+def test_a_refused_chunk_ends_its_stream_at_once(tracker):
     tracker, detokenizer, clock = tracker
     for rid in ("gone", "live"):
         tracker.track(rid)
     detokenizer.acknowledge(np.array([tracker.stamp("gone"), tracker.stamp("live")]))
-    lost = tracker.stamp("gone")  # sent, then the client cancelled: never decoded
-    clock.now += 0.5
-    detokenizer.acknowledge(np.array([tracker.stamp("live")]))
-    assert tracker.abandoned() == []  # delivered chunks were sent within the grace of the lost one
-    clock.now += 0.7
-    detokenizer.acknowledge(np.array([tracker.stamp("live")]))
+    lost = tracker.stamp("gone")  # sent, then the client cancelled: Triton says so to the detokenizer
+    detokenizer.refuse(np.array([lost]))
     assert tracker.abandoned() == ["gone"]
     assert lost[2] != NO_SLOT
+
+
+def test_a_chunk_one_instance_still_decodes_is_not_abandoned_while_another_goes_on(tracker):
+    """The detokenizer's instances keep no order: chunks sent later, for other streams, may be
+    answered first. Only a refusal or the timeout ends a stream."""
+    tracker, detokenizer, clock = tracker
+    for rid in ("slow", "live"):
+        tracker.track(rid)
+    tracker.stamp("slow")
+    for _ in range(4):
+        clock.now += 1.0
+        detokenizer.acknowledge(np.array([tracker.stamp("live")]))
+        assert tracker.abandoned() == []
+
+
+def test_a_refusal_never_overwrites_a_later_answer(tracker):
+    tracker, detokenizer, clock = tracker
+    tracker.track("s")
+    first, second = tracker.stamp("s"), tracker.stamp("s")
+    detokenizer.acknowledge(np.array([second]))
+    detokenizer.refuse(np.array([first]))  # a slower instance on the earlier chunk, which Triton cancelled
+    assert tracker.abandoned() == []
 
 
 def test_with_no_other_stream_the_timeout_decides(tracker):

@@ -1,5 +1,6 @@
 """tritonfront.watchdog.drain's reading of Triton's metrics and its wait, on made-up metrics and a
 fake clock (the SIGTERM path through serve.sh: tests/integration/test_graceful_stop.py)."""
+import os
 import http.client
 import socket
 import subprocess
@@ -8,6 +9,7 @@ from time import monotonic
 
 import pytest
 
+from tritonfront.core.server_stop import request_stop, stop_flag_path, stop_requested
 from tritonfront.watchdog.drain import POLL_S, QUIET_S, drain, in_flight, main
 
 
@@ -123,7 +125,20 @@ def test_a_server_whose_metrics_refuse_connections_is_stopped_at_once(capsys):
             started = monotonic()
             assert main(["--server-pid", str(server.pid), "--timeout", "30"]) == 1
             assert monotonic() - started < 10
+            # The llm ranks were told first: they take no new request and end the running ones.
+            assert stop_requested(server.pid)
         finally:
             server.kill()
             server.wait()
+            stop_flag_path(server.pid).unlink(missing_ok=True)
     assert f"cannot read http://127.0.0.1:{port}/metrics" in capsys.readouterr().err
+
+
+def test_a_stop_flag_stops_only_the_server_that_had_the_pid(tmp_path):
+    """Pids are reused: a flag left by a server that is gone must not stop a later one with its pid."""
+    me = os.getpid()
+    assert not stop_requested(me, tmp_path)
+    flag = request_stop(me, tmp_path)
+    assert stop_requested(me, tmp_path)
+    flag.write_text("1")  # as written for an earlier process with this pid
+    assert not stop_requested(me, tmp_path)

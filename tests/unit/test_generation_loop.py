@@ -396,3 +396,54 @@ def test_hooks_see_busy_turns_only_and_the_loop_failing_everything(setup):
     engine.broken = RuntimeError("engine died")
     loop.step()
     assert [str(e) for e in hooks.failures] == ["engine died"] and "a" in client.errors
+
+
+def test_a_stopping_server_refuses_new_requests_and_ends_the_running_ones_after_the_grace(monkeypatch):
+    """serve.sh's SIGTERM (core/server_stop.py): new requests get Unavailable at once, running ones
+    go on for stop_grace_s, then end with what they generated (held stop-word ids included)."""
+    import tritonfront.core.generation_loop as generation_loop
+    from tritonfront.errors import Unavailable
+
+    monkeypatch.setattr(generation_loop, "STOP_CHECK_S", 0)
+    now, stopping = [0.0], [False]
+    engine, client = ScriptedEngine(), Client()
+    loop = GenerationLoop(engine, client, poll_s=0, clock=lambda: now[0], stopping=lambda: stopping[0],
+                          stop_grace_s=4.0)
+    a = submit(loop, engine, "a", stop=[[300, 301]])
+    b = submit(loop, engine, "b", stream=False)
+    engine.emit(a, [100])
+    engine.emit(b, [200])
+    loop.step()
+    stopping[0] = True
+    engine.emit(a, [101, 300])  # 300 is held: it may start the stop word
+    loop.step()
+    with pytest.raises(Unavailable, match="stopping"):
+        submit(loop, engine, "late")
+    now[0] = 3.9
+    engine.emit(b, [201])
+    loop.step()
+    assert not client.chunks["a"][-1].final and "b" not in client.chunks  # within the grace
+    now[0] = 4.0
+    loop.step()
+    assert [(c.output_ids, c.final, c.finish_reason) for c in client.chunks["a"]] == [
+        ([100], False, ""), ([101], False, ""), ([300], True, FINISH_CANCELLED)]
+    assert [(c.output_ids, c.finish_reason) for c in client.chunks["b"]] == [([200, 201], FINISH_CANCELLED)]
+    assert sorted(engine.cancelled) == sorted([a, b]) and loop.load().active_sequences == 0
+
+
+def test_streams_share_the_chunk_rate(monkeypatch):
+    """max_chunk_rate: a stream's next chunk waits live streams / rate seconds after its previous
+    one and carries every id generated meanwhile; the first goes at once."""
+    import tritonfront.core.generation_loop as generation_loop
+
+    now = [100.0]
+    monkeypatch.setattr(generation_loop.time, "monotonic", lambda: now[0])
+    engine, client = ScriptedEngine(), Client()
+    loop = GenerationLoop(engine, client, poll_s=0, max_chunk_rate=20, clock=lambda: now[0])
+    a, b = submit(loop, engine, "a"), submit(loop, engine, "b")  # 2 streams: a chunk each per 0.1 s
+    for step in range(7):
+        engine.emit(a, [100 + step])
+        engine.emit(b, [200 + step])
+        loop.step()
+        now[0] += 0.04
+    assert [c.output_ids for c in client.chunks["a"]] == [[100], [101, 102, 103], [104, 105, 106]]

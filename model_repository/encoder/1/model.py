@@ -11,6 +11,7 @@ from tritonfront.core.tokenization import max_sequence_length
 class TritonPythonModel:
     def initialize(self, args):
         config = glue.load_config(args, "encoder")
+        glue.exit_with_server()
         cores = config.num_threads or os.cpu_count() or 1
         device = devices.configure_torch(args, cores)
         model_dir = model_sources.model_dir(config.model_source)

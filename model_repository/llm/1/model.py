@@ -2,7 +2,7 @@ import os
 
 from tritonfront.stubs import glue
 from tritonfront.triton import devices
-from tritonfront.core import balancing, llmapi_request, model_sources
+from tritonfront.core import balancing, llmapi_request, model_sources, server_stop
 from tritonfront.core.delivery import DeliveryTracker
 from tritonfront.core.detokenization import DETOKENIZER_WINDOW
 from tritonfront.engines import create_engine
@@ -17,6 +17,7 @@ from tritonfront.stubs.server_metrics import PendingRequests
 class TritonPythonModel:
     def initialize(self, args):
         self.config = config = glue.load_config(args, "llm")
+        glue.exit_with_server()
         device = devices.configure_torch(args, config.num_threads)
         rank, ranks = devices.instance_rank(args)
         self.engine = create_engine(config.engine, model_sources.model_dir(config.model_source), device,
@@ -43,7 +44,9 @@ class TritonPythonModel:
         self.gauges = GaugeThread(updates)
         self.loop = GenerationLoop(engine=self.engine, responder=GroupResponder(glue.StreamResponder(), self.stops),
                                    stream_interval=config.stream_interval, max_chunk_rate=config.max_chunk_rate,
-                                   context_window=DETOKENIZER_WINDOW, on_load=self.publish, delivery=delivery)
+                                   context_window=DETOKENIZER_WINDOW, on_load=self.publish, delivery=delivery,
+                                   stopping=lambda: server_stop.stop_requested(os.getppid()),
+                                   stop_grace_s=config.stop_grace_ms / 1000)
         self.loop.publish_load()
         self.gauges.start()
         self.loop.start()

@@ -6,6 +6,7 @@ from tritonfront.core.tokenization import PromptBatch, PromptTokenizer
 class TritonPythonModel:
     def initialize(self, args):
         config = glue.load_config(args, "llm_tokenizer")
+        glue.exit_with_server()
         self.tokenizer = PromptTokenizer.from_folder(model_sources.model_dir(config.model_source),
                                                      max_text_bytes=config.max_text_bytes)
 

@@ -7,6 +7,7 @@ from tritonfront.core.pooling import PoolingHead
 class TritonPythonModel:
     def initialize(self, args):
         config = glue.load_config(args, "pooler")
+        glue.exit_with_server()
         devices.configure_torch(args, config.num_threads)
         self.head = PoolingHead.for_model(model_sources.model_dir(config.model_source))
 

@@ -6,13 +6,18 @@ runs for the whole request (core's ensemble scheduler only calls Cancel() on new
 So the llm is never told, and would go on to max_tokens holding its batch slot and KV cache.
 
 What does change is downstream: the chunks the llm sends after the cancellation become cancelled
-detokenizer requests, which the detokenizer answers without decoding or acknowledging. So the detokenizer acknowledges every
-chunk it decodes in a table per llm model (a row per rank, a slot per tracked stream, holding the
-highest chunk serial decoded), and the llm treats a stream as abandoned when a chunk of it stays
-unacknowledged while chunks it sent well after it, for other streams, were acknowledged, or, with
-no other stream to compare with, after a timeout. Only streams whose request says a downstream
-step acknowledges (`delivery_acknowledged`, which the ensemble passes) are tracked: chunks sent to
-a client directly are never acknowledged, and that client's cancellation reaches the llm anyway.
+detokenizer requests. The detokenizer writes what became of each chunk in a table per llm model (a
+row per rank, a slot per tracked stream): the chunk's serial once decoded, minus the serial when
+Triton said its request was cancelled (it asks only for chunks the llm marks check_cancelled). A
+refused chunk ends its stream at the llm's next turn; a chunk that no detokenizer answers within
+the timeout (its step never ran) ends it too. The refusal is explicit because the detokenizer's
+instances keep no order between them: an earlier rule, "chunks sent well after this one were
+acknowledged already, so this one was dropped", held for one FIFO instance, and with two it ended
+live streams whose chunk one instance was still decoding while the other went on (a generate
+request then never got its final response after a stub reload under load, 2026-11-28). Only
+streams whose request says a downstream step acknowledges (`delivery_acknowledged`, which the
+ensemble passes) are tracked: chunks sent to a client directly are never acknowledged, and that
+client's cancellation reaches the llm anyway.
 """
 import collections
 import time
@@ -26,9 +31,6 @@ from .shared_tables import DEFAULT_DIRECTORY, open_existing_rows, open_rows, rem
 
 SLOTS = 4096  # tracked streams per rank; a stream finding none free is simply not tracked
 NO_SLOT = -1
-# Chunks sent this long after a still unacknowledged one and acknowledged already: the detokenizer
-# queue is FIFO, so the old one was left unacknowledged (cancelled), not delayed.
-DELIVERY_GRACE_S = 1.0
 
 
 def model_key(model_name: str) -> int:
@@ -46,17 +48,17 @@ class DeliveryTracker:
     (`track` from Triton's execute thread, the rest from the loop's thread)."""
 
     def __init__(self, acks: np.ndarray, key: int, rank: int, timeout_s: float,
-                 grace_s: float = DELIVERY_GRACE_S, clock: Callable[[], float] = time.monotonic):
-        self.acks = acks  # this rank's row: [slots] highest serial decoded
+                 clock: Callable[[], float] = time.monotonic):
+        self.acks = acks  # this rank's row: [slots] highest serial answered, negative when refused
         self.key, self.rank = key, rank
-        self.timeout_s, self.grace_s, self.clock = timeout_s, grace_s, clock
+        self.timeout_s, self.clock = timeout_s, clock
         self._free = list(range(len(acks) - 1, -1, -1))
         self._slots: dict[str, int] = {}
         self._unacked: dict[str, collections.deque] = {}
         # Serials only grow, also across restarts of this rank (microseconds since the epoch to
         # start with), so an acknowledgement left in a reused slot never covers a new chunk.
         self._serial = time.time_ns() // 1000
-        self._delivered_sent_at = float("-inf")  # send time of the latest acknowledged chunk
+        self._refused: set[str] = set()  # streams a chunk of which the detokenizer found cancelled
         # The row as of the last refresh(): a turn of the loop reads it once, not an element of the
         # shared memory per stream (numpy's per-element reads cost more than the rest of a check).
         self._seen: Optional[list[int]] = None
@@ -90,6 +92,7 @@ class DeliveryTracker:
         slot = self._slots.pop(request_id, None)
         if slot is not None:
             del self._unacked[request_id]
+            self._refused.discard(request_id)
             self._free.append(slot)
 
     def in_flight(self, request_id: str) -> bool:
@@ -107,17 +110,18 @@ class DeliveryTracker:
 
     def _take_acknowledgements(self, request_id: str, pending: collections.deque) -> None:
         slot = self._slots[request_id]
-        acknowledged = self._seen[slot] if self._seen is not None else int(self.acks[slot])
-        while pending and pending[0][0] <= acknowledged:
-            self._delivered_sent_at = max(self._delivered_sent_at, pending.popleft()[1])
+        answered = self._seen[slot] if self._seen is not None else int(self.acks[slot])
+        if answered < 0 and pending and pending[0][0] <= -answered:
+            self._refused.add(request_id)
+        while pending and pending[0][0] <= abs(answered):
+            pending.popleft()
 
     def abandoned(self) -> list[str]:
         now = self.clock()
         for request_id, pending in self._unacked.items():
             self._take_acknowledgements(request_id, pending)
         return [request_id for request_id, pending in self._unacked.items()
-                if pending and (self._delivered_sent_at - pending[0][1] > self.grace_s
-                                or now - pending[0][1] > self.timeout_s)]
+                if request_id in self._refused or pending and now - pending[0][1] > self.timeout_s]
 
 
 class Acknowledger:
@@ -128,15 +132,22 @@ class Acknowledger:
         self._tables: dict[int, np.memmap] = {}
 
     def acknowledge(self, deliveries: np.ndarray) -> None:
-        """deliveries: [chunks, 4] (model key, rank, slot, serial) as the llm stamped them."""
+        """deliveries: [chunks, 4] (model key, rank, slot, serial) as the llm stamped them: decoded."""
+        self._record(deliveries, refused=False)
+
+    def refuse(self, deliveries: np.ndarray) -> None:
+        """The same for chunks whose request Triton says was cancelled: their streams end."""
+        self._record(deliveries, refused=True)
+
+    def _record(self, deliveries: np.ndarray, refused: bool) -> None:
         for key, rank, slot, serial in deliveries.reshape(-1, 4).tolist():
             if not 0 <= slot < SLOTS:
                 continue
             table = self._table(key, rank)
-            # Acknowledgements never go back: with several detokenizer instances (configure.py
+            # Answers never go back: with several detokenizer instances (configure.py
             # --detokenizers) one could write an older serial after a newer one.
-            if table is not None and table[rank, slot] < serial:
-                table[rank, slot] = serial
+            if table is not None and abs(int(table[rank, slot])) < serial:
+                table[rank, slot] = -serial if refused else serial
 
     def _table(self, key: int, rank: int) -> Optional[np.memmap]:
         table = self._tables.get(key)

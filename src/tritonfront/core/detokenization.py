@@ -96,7 +96,7 @@ class DetokenizeRequest:
     token_texts: bool = False  # add output_token_texts
     top_ids: Optional[np.ndarray] = None  # [rows, 1, tokens, k] alternatives whose texts to add
     # Its ensemble request was cancelled (the client left): decoded for Triton, whose ensemble
-    # must get every step's response, but never acknowledged, so the llm frees the stream.
+    # must get every step's response, but refused to the llm, which frees the stream.
     cancelled: bool = False
     packed: list[PackedChunk] = field(default_factory=list)  # the rows as the llm sent them
     # Per row, the ids of the stop word that ended an LLM-API sequence (empty: none), to decode
@@ -469,11 +469,11 @@ class StreamDetokenizer:
             results[r] = texts[start:end]
         return results
 
-    def respond(self, requests: Sequence[DetokenizeRequest],
-                acknowledge: Callable[[np.ndarray], None]) -> list:
+    def respond(self, requests: Sequence[DetokenizeRequest], acknowledge: Callable[[np.ndarray], None],
+                refuse: Callable[[np.ndarray], None] = lambda deliveries: None) -> list:
         """The `detokenizer` model's outputs per request, or the InvalidInput it earned; the chunks
-        of each request that decoded and was not cancelled are acknowledged to their llm rank
-        (tritonfront.core.delivery)."""
+        of each request that decoded are acknowledged to their llm rank, those of a cancelled one
+        refused (tritonfront.core.delivery)."""
         results = self.detokenize_requests([request.chunks for request in requests])
         outputs: list = []
         for request, texts in zip(requests, results):
@@ -487,8 +487,7 @@ class StreamDetokenizer:
             except InvalidInput as error:
                 outputs.append(error)
                 continue
-            if not request.cancelled:
-                acknowledge(request.deliveries())
+            (refuse if request.cancelled else acknowledge)(request.deliveries())
             # One string per row without a further dimension, as TensorRT-LLM's postprocessing
             # sends text_output (its clients read output[0]).
             outputs.append({"text_output": np.array([text.encode("utf-8") for text in texts], dtype=np.object_),

@@ -33,11 +33,13 @@ import numpy as np
 
 from .delivery import NO_SLOT, DeliveryTracker
 from ..engines.base import Engine, EngineOutput
+from ..errors import Unavailable
 from .generation_request import SequenceRequest
 from .rank_load import Load
 from .stopping import StopMatcher
 
 FINISH_LENGTH, FINISH_STOP, FINISH_CANCELLED = "length", "stop", "cancelled"
+STOP_CHECK_S = 0.25  # how often the loop looks whether the server is stopping
 logger = logging.getLogger(__name__)
 
 
@@ -181,6 +183,13 @@ class Completion:
     def release(self) -> Optional[LLMChunk]:
         return self._chunk(final=False) if self.holding else None
 
+    def end_now(self, reason: str) -> LLMChunk:
+        """The final chunk of a request the server ends before the engine would have: the ids
+        generated so far (held ones included) and `reason`."""
+        if not self.finished:
+            self._end(reason)
+        return self._chunk(final=True)
+
     def cancel(self) -> LLMChunk:
         self._pending, self._pending_log_probs, self._held_log_probs = [], [], []
         self._matcher.flush()
@@ -260,7 +269,8 @@ class GenerationLoop:
                  on_load: Callable[[Load], None] = lambda load: None, poll_s: float = 0.02,
                  cancel_check_s: float = 0.5, delivery: Optional[DeliveryTracker] = None,
                  clock: Callable[[], float] = time.monotonic, idle_poll_s: float = 0.5,
-                 max_chunk_rate: float = 0.0):
+                 max_chunk_rate: float = 0.0, stopping: Callable[[], bool] = lambda: False,
+                 stop_grace_s: float = 20.0):
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         if max_chunk_rate < 0:
@@ -275,6 +285,14 @@ class GenerationLoop:
         # get every id as it comes and many get fewer, larger chunks at the same CPU.
         self.max_chunk_rate = max_chunk_rate
         self._streams = 0  # live streamed requests
+        # Whether the server is stopping (core/server_stop.py: serve.sh got SIGTERM), looked at
+        # every STOP_CHECK_S. From then on no request is taken (Unavailable), and stop_grace_s
+        # later every request still here ends with what it has: the server's stop must not wait
+        # for a generation without max_tokens.
+        self.stopping = stopping
+        self.stop_grace_s = stop_grace_s
+        self._stop_checked = -math.inf
+        self._stop_at: Optional[float] = None  # when the requests still here are ended
         self.context_window = context_window
         self.on_load = on_load
         # How long a turn waits for the engine's output before doing the loop's own work anyway.
@@ -309,6 +327,9 @@ class GenerationLoop:
         self._thread.start()
 
     def submit(self, handle: Any, request: SequenceRequest) -> None:
+        if self._stop_at is not None:
+            raise Unavailable("the server is stopping: this replica takes no new request (send it to another, or "
+                              "again once this one is back)")
         params = request.params
         end_ids = self.engine.eos_token_ids | ({params.end_id} if params.end_id is not None else set())
         completion = Completion(len(request.prompt_ids), request.stop_sequences, frozenset(end_ids), request.stream,
@@ -347,7 +368,8 @@ class GenerationLoop:
         """Blocks while this instance holds `max_active` unfinished requests (or more), so that
         Triton's queue, with its size limit and timeouts, keeps the rest."""
         with self._room:
-            self._room.wait_for(lambda: len(self._live) < max_active or self._stopping.is_set())
+            self._room.wait_for(lambda: len(self._live) < max_active or self._stopping.is_set()
+                                or self._stop_at is not None)
 
     def stop(self, timeout: float = 30) -> None:
         self._stopping.set()
@@ -386,6 +408,8 @@ class GenerationLoop:
         # submitted meanwhile ends the wait with its first output.
         if self._held or self._finishing or self.hooks is not None and self.hooks.works_every_turn:
             return self.poll_s
+        if self._stop_at is not None and self._live:
+            return max(self.poll_s, min(STOP_CHECK_S, self._stop_at - self.clock()))
         if self._live:
             return max(self.poll_s, self.cancel_check_s / 5)
         return self.idle_poll_s
@@ -400,6 +424,7 @@ class GenerationLoop:
             self._deliver(output)
         self._release_held()
         self._check_cancellations()
+        self._check_stop()
         self.publish_load()
 
     def _deliver(self, output: EngineOutput) -> None:
@@ -468,6 +493,32 @@ class GenerationLoop:
                 with self._lock:
                     self._cancelled += 1
                 self._send(live, live.completion.cancel())
+
+    def _check_stop(self) -> None:
+        now = self.clock()
+        if self._stop_at is None:
+            if now - self._stop_checked < STOP_CHECK_S:
+                return
+            self._stop_checked = now
+            if not self.stopping():
+                return
+            self._stop_at = now + self.stop_grace_s
+            with self._room:
+                self._room.notify_all()  # execute calls waiting for room answer Unavailable now
+            logger.warning("the server is stopping: no new request; the %d running end in %.1f s",
+                           len(self._live), self.stop_grace_s)
+        if now < self._stop_at:
+            return
+        with self._lock:
+            live_items = [(rid, live) for rid, live in self._live.items() if rid not in self._finishing]
+        for request_id, live in live_items:
+            chunk = live.completion.end_now(FINISH_CANCELLED)
+            self.engine.cancel(request_id)
+            if self._awaiting_acknowledgement(request_id):
+                self._finishing[request_id] = [chunk]  # after the chunk the detokenizer holds
+            else:
+                self._retire(request_id, cancel_engine=False)
+                self._send(live, chunk)
 
     def _cancel_check_due(self, live: _Live, now: float) -> bool:
         if now - live.cancel_checked < self.cancel_check_s:

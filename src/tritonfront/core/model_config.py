@@ -142,6 +142,11 @@ class LLMConfig(Config):
     max_active_requests: int = _parameter(256, "unfinished requests one rank holds; beyond them requests wait in "
                                               "Triton's queue, whose size limit and timeout reject what cannot be "
                                               "served in time", minimum=1)
+    stop_grace_ms: int = _parameter(20000, "once the server is stopping (serve.sh got SIGTERM), how long the requests "
+                                            "a rank holds may go on before they end with what they have (finish "
+                                            "reason cancelled); new ones are refused UNAVAILABLE. 20 s: inside "
+                                            "serve.sh's 30 s drain, so the ended streams' last chunks still leave",
+                                    minimum=0)
     abandoned_stream_timeout_ms: int = _parameter(
         6000, "a tracked stream none of whose chunks were acknowledged for this long is freed as abandoned "
               "(sooner when later chunks of other streams were); keep it above the longest a chunk may wait for "

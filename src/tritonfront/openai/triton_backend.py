@@ -23,7 +23,8 @@ from typing import AsyncIterator, Optional, Sequence, Union
 import numpy as np
 
 from . import logprobs
-from .api_errors import SERVER_ERROR, OpenAIError
+from .api_errors import SERVER_ERROR, UNAVAILABLE, OpenAIError
+from .triton_errors import RETRY_UNAVAILABLE_S
 from .logprobs import Token
 from .config import FrontConfig
 from .backend import Embeddings, TextDelta, TextGenerationRequest
@@ -31,6 +32,7 @@ from .triton_client import Contract, TritonClient, output
 from .triton_inputs import LOG_PROBS, SEQUENCE_INDEX, Plan, plan
 
 EMBEDDING, TOKEN_COUNTS = "embedding", "input_lengths"
+ENDED_BY_SERVER = "cancelled"  # the llm's finish reason for a request it ended itself
 IDS_SUFFIX = "_ids"  # the embedding ensemble `embed` takes texts; `embed_ids` takes token ids
 EMBED_PARAMS = {"text_input": "input", "input_ids": "input", "input_lengths": "input", "dimensions": "dimensions"}
 
@@ -94,6 +96,12 @@ class TritonBackend:
         async for result in self.client.stream(contract, inputs, triton_plan.outputs, triton_plan.params):
             sequence = int(output(result, SEQUENCE_INDEX, 0)) if sequences else 0
             text = output(result, "text_output", "")
+            if output(result, "finish_reason", "") == ENDED_BY_SERVER:
+                # The only way a generation the front still listens to ends "cancelled": its
+                # server is stopping (core/server_stop.py); OpenAI has no finish reason for it.
+                raise OpenAIError(503, f"model '{contract.model}' ended this generation: its server is stopping; "
+                                       "retry on another replica", type=UNAVAILABLE, code="server_stopping",
+                                  retry_after=RETRY_UNAVAILABLE_S)
             tokens = None
             if triton_plan.logprobs is not None:
                 tokens = self._tokens(result)

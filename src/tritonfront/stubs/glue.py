@@ -11,6 +11,9 @@ log, never to the client).
 import contextlib
 import json
 import logging
+import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional, Sequence
@@ -19,7 +22,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritonfront.core import model_config
-from tritonfront.errors import Cancelled, InvalidInput
+from tritonfront.errors import Cancelled, InvalidInput, Unavailable
 from tritonfront.core.rank_load import ModelMetricSpec
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -30,6 +33,29 @@ def load_config(args: dict, kind: str) -> model_config.Config:
     """The model's typed config (tritonfront.core.model_config) from initialize's args; raises
     tritonfront.errors.ConfigError, which fails loading with its message."""
     return model_config.from_model_config(kind, json.loads(args["model_config"]))
+
+
+# How often a stub looks whether its tritonserver is still there.
+SERVER_WATCH_S = 1.0
+
+
+def exit_with_server() -> None:
+    """Ends this stub within SERVER_WATCH_S of its tritonserver's exit, whatever its threads are
+    doing. Triton 2.51's stub notices a dead parent only between messages: an llm stub whose
+    engine thread was generating (a request with no max_tokens) went on at half a core for 51
+    minutes after tritonserver had gone (2026-11-28), and a tokenizer stub for minutes. The
+    parent's death is seen as a new parent pid (the stub is re-parented), checked by a daemon
+    thread; prctl's PDEATHSIG is not used, since it fires when the parent *thread* that started
+    the stub ends, and tritonserver starts stubs from worker threads."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(SERVER_WATCH_S)
+        logger.error("tritonserver (pid %d) is gone: this stub exits", parent)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tritonfront-server-watch", daemon=True).start()
 
 
 def inputs(request) -> dict[str, np.ndarray]:
@@ -52,6 +78,8 @@ def error_response(error: Exception) -> "pb_utils.InferenceResponse":
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG))
     if isinstance(error, Cancelled):
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.CANCELLED))
+    if isinstance(error, Unavailable):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE))
     logger.error("request failed", exc_info=error)
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{type(error).__name__}: {error}",
                                                                  pb_utils.TritonError.INTERNAL))

@@ -8,7 +8,10 @@ for each streamed chunk (the detokenizer's) are new requests. Seen here: SIGTERM
 16 streams running, every stream stopped at its next chunk and tritonserver reported the 16 in
 flight until its exit timeout (30 s) ran out. So serve.sh waits for this first, while Triton still
 serves; a Kubernetes pod that is stopping is no longer a Service endpoint, so the streams it holds
-end and no new ones come.
+end and no new ones come. Before waiting it sets the server's stop flag (core/server_stop.py): the
+llm ranks then refuse new requests UNAVAILABLE (a client or router retries elsewhere) and, after
+their stop_grace_ms (20 s, inside the 30 s default wait), end what they still hold with the text so
+far and finish reason "cancelled", so a stream with no end in sight cannot hold the stop.
 
 In flight, as Triton's metrics show it: the llm's unfinished requests (tritonfront_llm_active_sequences,
 every rank; a stream counts until its last chunk was handed on) and the requests queued at any
@@ -35,6 +38,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..core.rank_load import LOAD_GAUGES
+from ..core.server_stop import request_stop
 from ..triton.flags import PENDING_REQUESTS, metrics_url
 
 IN_FLIGHT_FAMILIES = (LOAD_GAUGES["active_sequences"].name, PENDING_REQUESTS)
@@ -100,6 +104,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
 
     started = time.monotonic()
+    # The llm ranks take no new request from now on and end what they hold after their grace
+    # period (core/server_stop.py), so the wait below ends even under load.
+    request_stop(args.server_pid)
     drained, count = drain(read_metrics, args.timeout)
     took = time.monotonic() - started
     if drained:
