@@ -31,7 +31,8 @@ BUILT_IN_ENGINES = {
         "queuedRequestsSpec": "nv_trt_llm_request_metrics{request_type=waiting}",
         "runningRequestsSpec": "nv_trt_llm_request_metrics{request_type=scheduled}",
         "kvUsageSpec": "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}",
-        # Read too; tritonfront exports neither (README: The gauges a router reads).
+        # Read too, by the prefix scorers' index when it auto-tunes (the llm exports both:
+        # tritonfront.core.rank_load.ROUTER_GAUGES).
         "cacheBlockSizeSpec": "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=tokens_per}",
         "cacheNumBlocksSpec": "nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max}",
     },

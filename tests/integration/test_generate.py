@@ -177,10 +177,13 @@ def test_http_generate_extension_answers_as_readme_says(server):
     Known limits): tests that fail here mean Triton changed and README must follow."""
     url = f"http://{server.http_url}/v2/models/generate"
     for endpoint in ("generate", "generate_stream"):
-        # No text_input: the llm_tokenizer names it, or Triton says the step got no input at all.
+        # No text_input: the llm_tokenizer, which takes every input, names it; with no input at all
+        # Triton says so itself.
         status, reply = post(f"{url}/{endpoint}", {"max_tokens": 2, "apply_chat_template": True})
         assert status == 400 and "text_input: is required" in reply, (endpoint, reply)
         status, reply = post(f"{url}/{endpoint}", {"max_tokens": 2})
+        assert status == 400 and "text_input: is required" in reply, (endpoint, reply)
+        status, reply = post(f"{url}/{endpoint}", {})
         assert status == 400 and "request has 0 inputs" in reply, (endpoint, reply)
         status, reply = post(f"{url}/{endpoint}", {"text_input": "Hi", "max_tokens": 2, "max_new_tokens": 2})
         assert status == 400 and "max_new_tokens: generate has no input or parameter" in reply, (endpoint, reply)

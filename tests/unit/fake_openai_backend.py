@@ -12,9 +12,11 @@ HANG = object()  # in a script: the backend waits for ever
 class FakeBackend:
     """The Backend protocol from scripts: per prompt, the deltas (or an exception, or HANG) to give."""
 
-    def __init__(self, scripts=None, ready=True, refuse=None):
-        self.scripts, self.is_ready, self.refuse = scripts or {}, ready, refuse
+    def __init__(self, scripts=None, ready=True, refuse=None, vectors=None):
+        # vectors: text -> its embedding (else [0.5, -0.25, its index])
+        self.scripts, self.is_ready, self.refuse, self.vectors = scripts or {}, ready, refuse, vectors or {}
         self.requests: list[TextGenerationRequest] = []
+        self.embedded, self.tokenized = [], []
         self.closed = asyncio.Event()
 
     async def ready(self):
@@ -41,9 +43,20 @@ class FakeBackend:
         finally:
             self.closed.set()
 
-    async def embed(self, model, inputs, dimensions):
-        vectors = np.array([[0.5, -0.25, float(i)] for i in range(len(inputs))], dtype=np.float32)
+    async def embed(self, model, inputs, dimensions, truncate=None, param="input"):
+        self.embedded.append((model, list(inputs), truncate, param))
+        if self.refuse:
+            raise self.refuse
+        vectors = np.array([self.vectors.get(item, [0.5, -0.25, float(i)]) if isinstance(item, str)
+                            else [0.5, -0.25, float(i)] for i, item in enumerate(inputs)], dtype=np.float32)
         return Embeddings(vectors[:, :dimensions] if dimensions else vectors, prompt_tokens=7 * len(inputs))
+
+    async def tokenize(self, model, texts, param):
+        """Each text's ids: its characters' code points (the model's tokenizer stand-in)."""
+        self.tokenized.append((model, list(texts), param))
+        if self.refuse:
+            raise self.refuse
+        return [[ord(c) for c in text] for text in texts]
 
 
 class Prompts:
@@ -51,8 +64,9 @@ class Prompts:
     has_chat_template = True
     template_takes_tools = False
 
-    def chat(self, messages, tools=None):
-        return "|".join(f"{m['role']}:{m['content']}" for m in messages) + "|assistant:"
+    def chat(self, messages, tools=None, add_generation_prompt=True):
+        return "|".join(f"{m['role']}:{m['content']}" for m in messages) + ("|assistant:" if add_generation_prompt
+                                                                             else "")
 
 
 def delta(text, finish_reason=None, completion_tokens=1, tokens=None) -> TextDelta:

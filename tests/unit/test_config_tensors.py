@@ -207,6 +207,28 @@ def test_an_ensemble_is_written_by_one_declaration():
                                                               tensors=())])
 
 
+def test_the_step_that_takes_every_input_gets_the_rest_of_the_request_as_optional_inputs():
+    """Triton 2.51 hands a step none of its inputs when the request holds none of them: the first
+    step takes every input of the request, so that its model sees the request and names what is
+    missing (config_tensors.EVERY_INPUT_NOTE)."""
+    witnessed = Pipeline(declared_in="here", ensemble="whole", steps=("split", "join"), tensors=(
+        *SPLIT.tensors, PipelineTensor("words", "TYPE_STRING", (-1,), REQUEST, "join", optional=True)),
+        every_input_to="split")
+    split, whole = parsed(witnessed.models["split"].text()), parsed(witnessed.models["whole"].text())
+    assert list(entries(split.input).items()) == [("prompt", ("TYPE_STRING", (1,), True, False)),
+                                                  ("limit", ("TYPE_INT32", (1,), True, False)),
+                                                  ("words", ("TYPE_STRING", (-1,), True, True))]
+    assert witnessed.models["split"].text().count("# Every input of the request") == 1
+    assert {step.model_name: dict(step.input_map) for step in whole.ensemble_scheduling.step} == {
+        "split": {"prompt": "prompt", "limit": "limit", "words": "words"},
+        "join": {"ids": "_ids", "limit": "limit", "words": "words"}}
+    assert entries(whole.input) == entries(parsed(SPLIT.models["whole"].text()).input) | {
+        "words": ("TYPE_STRING", (-1,), True, False)}
+    with pytest.raises(ValueError, match="every_input_to 'nowhere' is none of"):
+        Pipeline(declared_in="here", ensemble="whole", steps=("split", "join"), tensors=SPLIT.tensors,
+                 every_input_to="nowhere")
+
+
 def test_a_pipeline_without_an_ensemble_is_one_model():
     with pytest.raises(ValueError, match=r"a pipeline without an ensemble is one model, not \['a', 'b'\]"):
         Pipeline(declared_in="here", ensemble=None, steps=("a", "b"), tensors=())

@@ -15,7 +15,7 @@ import yaml
 import k8s_schemas
 from harness.picker import (BUILT_IN_ENGINES, MAPPING_FIELDS, ReplicaView, engine_mapping, parse_spec, pick,
                             picker_config, plugin_parameters, read, view)
-from tritonfront.core.rank_load import MODEL_GAUGES, ROUTER_GAUGES
+from tritonfront.core.rank_load import MODEL_GAUGES, ROUTER_GAUGES, ModelLoad
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = ROOT / "deploy" / "kubernetes" / "base" / "deployment.yaml"
@@ -73,8 +73,21 @@ def test_the_engine_mapping_reads_the_router_gauges_of_the_served_llm():
 
 def test_the_router_gauges_carry_the_values_of_tritonfronts_own():
     """What the picker reads (ROUTER_GAUGES) and README's names (MODEL_GAUGES) are set from one
-    ModelLoad field each (tests/unit/test_load.py checks the values set)."""
-    assert set(ROUTER_GAUGES) == set(MODEL_GAUGES)
+    ModelLoad field each (tests/unit/test_load.py checks the values set); the KV cache's size has
+    only the router's names."""
+    assert set(MODEL_GAUGES) <= set(ROUTER_GAUGES)
+    assert set(ROUTER_GAUGES) <= set(ModelLoad.__dataclass_fields__)
+
+
+def test_every_series_the_declared_engine_type_reads_is_exported():
+    """The replicas' engine type reads five series (queue, running, KV cache fraction, and the
+    cache's block size and block count for its prefix scorers): the llm exports each of them."""
+    extractor = plugin_parameters(picker_config(), "core-metrics-extractor")
+    exported = [(spec.name, labels) for spec, labels in ROUTER_GAUGES.values()]
+    engine = BUILT_IN_ENGINES[extractor["defaultEngine"]]
+    assert {"cacheBlockSizeSpec", "cacheNumBlocksSpec"} <= set(engine)
+    for field, spec in engine.items():
+        assert parse_spec(spec) in exported, field
 
 
 def test_openai_bodies_are_parsed_and_the_rest_passes_through():

@@ -56,8 +56,9 @@ def test_a_rank_runs_what_generated_a_token_and_its_cache_is_a_fraction():
 def test_the_model_waits_for_its_queue_and_its_ranks_and_runs_what_the_ranks_run():
     ranks = [Load(waiting_requests=1, active_sequences=4, kv_cache_blocks=2, kv_cache_capacity_blocks=8),
              Load(waiting_requests=0, active_sequences=3, kv_cache_blocks=6, kv_cache_capacity_blocks=8)]
-    assert ModelLoad.of(ranks, queued=5) == ModelLoad(waiting_requests=6, running_requests=6,
-                                                      kv_cache_utilization=0.5)
+    assert ModelLoad.of(ranks, queued=5, tokens_per_block=16) == ModelLoad(
+        waiting_requests=6, running_requests=6, kv_cache_utilization=0.5, kv_cache_max_blocks=16,
+        kv_cache_tokens_per_block=16)
     assert ModelLoad.of([], queued=2) == ModelLoad(waiting_requests=2)
 
 
@@ -76,21 +77,27 @@ def test_the_model_gauges_follow_the_ranks_and_the_queue_and_survive_an_unreadab
     queue = iter([3, 3, None])
     model = ModelLoadMetrics(lambda: [Load(waiting_requests=1, active_sequences=2, kv_cache_blocks=1,
                                            kv_cache_capacity_blocks=4)],
-                             lambda: next(queue), lambda spec, labels=None: Recorded(spec, calls, labels))
-    assert model.update() == ModelLoad(4, 1, 0.25)
+                             lambda: next(queue), lambda spec, labels=None: Recorded(spec, calls, labels),
+                             tokens_per_block=1)
+    assert model.update() == ModelLoad(4, 1, 0.25, kv_cache_max_blocks=4, kv_cache_tokens_per_block=1)
     assert calls == [("tritonfront_num_requests_waiting", "set", 4), ("tritonfront_num_requests_running", "set", 1),
                      ("tritonfront_kv_cache_utilization", "set", 0.25),
                      # the same totals under TensorRT-LLM backend's names (ROUTER_GAUGES)
                      ("nv_trt_llm_request_metrics", {"request_type": "waiting"}, "set", 4),
                      ("nv_trt_llm_request_metrics", {"request_type": "scheduled"}, "set", 1),
-                     ("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "fraction"}, "set", 0.25)]
+                     ("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "fraction"}, "set", 0.25),
+                     # and the KV cache's size, which the picker's prefix scorers read
+                     ("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "tokens_per"}, "set", 1),
+                     ("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "max"}, "set", 4)]
     calls.clear()
     model.update()
     assert calls == []  # nothing changed
     assert model.update().waiting_requests == 1  # the queue unknown: what the ranks hold
     assert calls == [("tritonfront_num_requests_waiting", "set", 1),
                      ("nv_trt_llm_request_metrics", {"request_type": "waiting"}, "set", 1)]
-    assert set(ROUTER_GAUGES) == set(MODEL_GAUGES)
+    # Every model gauge has its router twin; the router's KV cache size has no tritonfront_ name.
+    assert set(ROUTER_GAUGES) - set(MODEL_GAUGES) == {"kv_cache_tokens_per_block", "kv_cache_max_blocks"}
+    assert set(MODEL_GAUGES) <= set(ROUTER_GAUGES)
 
 
 def test_triton_s_queue_is_read_only_while_a_rank_holds_a_request():

@@ -1,10 +1,14 @@
-"""Chat prompts rendered by the front reach the model as the ids transformers' own
-apply_chat_template(tokenize=True) gives, for the bundled LLM and for a tokenizer that adds a BOS."""
+"""Chat prompts rendered by the front (without transformers) reach the model as the ids
+transformers' own apply_chat_template(tokenize=True) gives, for the bundled LLM and for a tokenizer
+that adds a BOS; a conversation the template refuses is the client's error."""
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from tritonfront.core import model_sources
+from tritonfront.openai.api_errors import OpenAIError
+from tritonfront.openai.chat_template import ChatTemplate
+from tritonfront.openai.local_tokenizer import LocalTokenizer
 from tritonfront.openai.prompts import Prompts
 
 CONVERSATION = [
@@ -54,8 +58,19 @@ def bos_tokenizer() -> PreTrainedTokenizerFast:
 
 def test_a_bos_written_by_the_template_is_not_added_twice():
     tokenizer = bos_tokenizer()
-    prompts = Prompts(tokenizer)
+    prompts = Prompts(LocalTokenizer(Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()), {}, 512),
+                      ChatTemplate(tokenizer.chat_template, tokenizer.special_tokens_map))
     messages = [{"role": "user", "content": "hello there"}]
     prompt = prompts.chat(messages)
     assert not prompt.startswith("<s>")
     assert tokenizer(prompt, add_special_tokens=True)["input_ids"] == template_ids(tokenizer, messages)
+
+
+def test_a_conversation_the_template_refuses_is_a_400_naming_messages():
+    prompts = Prompts(LocalTokenizer(Tokenizer.from_str(bos_tokenizer().backend_tokenizer.to_str()), {}, 512),
+                      ChatTemplate("{% if messages[0].role != 'user' %}{{ raise_exception('users first') }}{% endif %}",
+                                   {}))
+    with pytest.raises(OpenAIError) as refused:
+        prompts.chat([{"role": "system", "content": "hello"}])
+    assert (refused.value.status, refused.value.param) == (400, "messages")
+    assert "users first" in refused.value.message

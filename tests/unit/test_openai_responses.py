@@ -79,7 +79,7 @@ class Words:
     has_chat_template = True
     template_takes_tools = False
 
-    def chat(self, messages, tools=None):
+    def chat(self, messages, tools=None, add_generation_prompt=True):
         return messages[-1]["content"]
 
 

@@ -40,7 +40,7 @@ class TritonPythonModel:
         if rank == 0:
             self.model_metrics = glue.Metrics({"model": args["model_name"]})
             updates.append(ModelLoadMetrics(self.table.live_loads, PendingRequests(args["model_name"], os.getppid()),
-                                            self.model_metrics).update)
+                                            self.model_metrics, self.engine.kv_cache_block_tokens()).update)
         self.gauges = GaugeThread(updates)
         self.loop = GenerationLoop(engine=self.engine, responder=GroupResponder(glue.StreamResponder(), self.stops),
                                    stream_interval=config.stream_interval, max_chunk_rate=config.max_chunk_rate,

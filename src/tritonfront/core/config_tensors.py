@@ -123,6 +123,9 @@ class Pipeline:
     # variable dimension is declared allow_ragged_batch (the ensemble's own inputs never are:
     # Triton hands them on request by request).
     ragged_batches: bool = True
+    # A step that takes every input of the request besides its own, as optional inputs it leaves
+    # unread (EVERY_INPUT_NOTE says why), or None.
+    every_input_to: Optional[str] = None
     models: dict[str, ModelTensors] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self):
@@ -135,6 +138,8 @@ class Pipeline:
     def _check(self) -> None:
         if not self.ensemble and len(self.steps) != 1:
             raise ValueError(f"{self.declared_in}: a pipeline without an ensemble is one model, not {list(self.steps)}")
+        if self.every_input_to is not None and self.every_input_to not in self.steps:
+            raise ValueError(f"{self.declared_in}: every_input_to {self.every_input_to!r} is none of {list(self.steps)}")
         ends = {REQUEST: -1, **{step: index for index, step in enumerate(self.steps)}, RESPONSE: len(self.steps),
                 DIRECT: len(self.steps)}
         seen = set()
@@ -187,15 +192,23 @@ class Pipeline:
         return self.ragged_batches and -1 in tensor.dims
 
     def _model(self, step: str) -> ModelTensors:
-        """A step's inputs, what earlier steps send it first (in their order), then the request's;
-        its outputs in the order declared."""
+        """A step's inputs, what earlier steps send it first (in their order), then the request's
+        (then, for every_input_to, the rest of the request's); its outputs in the order declared."""
         order = {REQUEST: len(self.steps), **{name: index for index, name in enumerate(self.steps)}}
         taken = sorted((t for t in self.tensors if t.sink == step), key=lambda t: order[t.source])
+        inputs = [ConfigTensor(t.name, t.dtype, t.dims, t.optional, self._ragged(t), t.sink_note) for t in taken]
+        inputs += [ConfigTensor(t.name, t.dtype, t.dims, True, self._ragged(t), EVERY_INPUT_NOTE if i == 0 else "")
+                   for i, t in enumerate(self._passed_by(step))]
         return ModelTensors(
-            inputs=tuple(ConfigTensor(t.name, t.dtype, t.dims, t.optional, self._ragged(t), t.sink_note)
-                         for t in taken),
+            inputs=tuple(inputs),
             outputs=tuple(ConfigTensor(t.name, t.dtype, t.dims, note=t.source_note)
                           for t in self.tensors if t.source == step))
+
+    def _passed_by(self, step: str) -> list[PipelineTensor]:
+        """The request's tensors `step` takes only as every_input_to."""
+        if step != self.every_input_to:
+            return []
+        return [t for t in self.tensors if t.source == REQUEST and t.sink != step]
 
     def _ensemble(self) -> ModelTensors:
         """The request's tensors as its inputs, the response's as its outputs, and each step's
@@ -204,6 +217,7 @@ class Pipeline:
         for step in self.steps:
             model = self._model(step)
             sinks = {t.name: _ensemble_name(t) for t in self.tensors if t.sink == step}
+            sinks.update({t.name: t.name for t in self._passed_by(step)})
             sources = {t.name: _ensemble_name(t) for t in self.tensors if t.source == step and t.sink != DIRECT}
             steps.append(EnsembleStep(step, tuple((i.name, sinks[i.name]) for i in model.inputs),
                                       tuple((o.name, sources[o.name]) for o in model.outputs if o.name in sources)))
@@ -256,6 +270,17 @@ def merged_model(model: str, pipelines: Sequence[Pipeline]) -> ModelTensors:
         if not tensor.optional and lacking:
             raise ValueError(f"{where}: input {tensor.name!r} is required, and {' and '.join(lacking)} never sends it")
     return ModelTensors(inputs, merge("output", [view.outputs for view in views]))
+
+
+# Why every_input_to's step takes the whole request: Triton 2.51 checks only how many inputs a
+# request has, and runs an ensemble step even when the request holds none of that step's inputs;
+# the Python backend then fails the step's input-less request before its model sees it ("out of
+# bounds index 0: request has 0 inputs", reading the batch size off input 0), so the client is
+# never told which input it left out. A first step that takes every input of the request runs its
+# model whenever the request holds any input, and the model names the one that is missing.
+EVERY_INPUT_NOTE = ("Every input of the request from here on, left unread: a request without this model's own "
+                    "inputs still reaches it, and it names the one missing (Triton 2.51 would hand it a request of "
+                    "no inputs, which the Python backend refuses unnamed: src/tritonfront/core/config_tensors.py).")
 
 
 def _between_steps(tensor: PipelineTensor) -> bool:

@@ -51,15 +51,19 @@ class ModelLoad:
     waiting_requests: int = 0
     running_requests: int = 0
     kv_cache_utilization: float = 0.0
+    kv_cache_max_blocks: int = 0  # the live ranks' whole KV caches (0: the engine does not tell)
+    kv_cache_tokens_per_block: int = 0  # what one of those blocks holds
 
     @classmethod
-    def of(cls, ranks: Sequence[Load], queued: int) -> "ModelLoad":
-        """`ranks`: the live ranks' loads; `queued`: requests in Triton's queue of the model."""
+    def of(cls, ranks: Sequence[Load], queued: int, tokens_per_block: int = 0) -> "ModelLoad":
+        """`ranks`: the live ranks' loads; `queued`: requests in Triton's queue of the model;
+        `tokens_per_block`: the engine's block size in tokens (the same on every rank)."""
         capacity = sum(rank.kv_cache_capacity_blocks for rank in ranks)
         held = sum(rank.kv_cache_blocks for rank in ranks)
         return cls(waiting_requests=queued + sum(rank.waiting_requests for rank in ranks),
                    running_requests=sum(rank.running_requests for rank in ranks),
-                   kv_cache_utilization=min(1.0, held / capacity) if capacity > 0 else 0.0)
+                   kv_cache_utilization=min(1.0, held / capacity) if capacity > 0 else 0.0,
+                   kv_cache_max_blocks=capacity, kv_cache_tokens_per_block=tokens_per_block)
 
 
 @dataclass(frozen=True)
@@ -106,19 +110,24 @@ MODEL_GAUGES = {
 # exports, which llm-d-router's built-in engine type `triton-tensorrt-llm` reads (v0.10.0,
 # pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go: queued
 # nv_trt_llm_request_metrics{request_type=waiting}, running {request_type=scheduled}, KV cache
-# nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}). ModelLoad field -> (family,
-# the labels that pick the series), each series also labelled by model.
+# nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}, and the cache's size for its
+# prefix scorers, {kv_cache_block_type=tokens_per} (tokens a block holds) and {..=max} (blocks,
+# summed over the ranks: TensorRT-LLM's backend publishes them per model instance)). ModelLoad
+# field -> (family, the labels that pick the series), each series also labelled by model.
 TRT_LLM_REQUESTS = ModelMetricSpec("nv_trt_llm_request_metrics",
                                    "TensorRT-LLM backend request metrics, as tritonfront counts them (request_type "
                                    "waiting: as tritonfront_num_requests_waiting; scheduled: as "
                                    "tritonfront_num_requests_running)", "gauge")
 TRT_LLM_KV_CACHE = ModelMetricSpec("nv_trt_llm_kv_cache_block_metrics",
                                    "TensorRT-LLM backend KV cache metrics, as tritonfront counts them "
-                                   "(kv_cache_block_type fraction: as tritonfront_kv_cache_utilization)", "gauge")
+                                   "(kv_cache_block_type fraction: as tritonfront_kv_cache_utilization; tokens_per: "
+                                   "tokens one block holds; max: blocks in the ranks' KV caches)", "gauge")
 ROUTER_GAUGES = {
     "waiting_requests": (TRT_LLM_REQUESTS, {"request_type": "waiting"}),
     "running_requests": (TRT_LLM_REQUESTS, {"request_type": "scheduled"}),
     "kv_cache_utilization": (TRT_LLM_KV_CACHE, {"kv_cache_block_type": "fraction"}),
+    "kv_cache_tokens_per_block": (TRT_LLM_KV_CACHE, {"kv_cache_block_type": "tokens_per"}),
+    "kv_cache_max_blocks": (TRT_LLM_KV_CACHE, {"kv_cache_block_type": "max"}),
 }
 
 
@@ -155,8 +164,8 @@ class ModelLoadMetrics:
     that rank is full or, with token balancing, has more outstanding tokens than another."""
 
     def __init__(self, ranks: Callable[[], Sequence[Load]], queued: Callable[[], Optional[int]],
-                 metric: Callable[..., Any]):
-        self.ranks, self.queued = ranks, queued
+                 metric: Callable[..., Any], tokens_per_block: int = 0):
+        self.ranks, self.queued, self.tokens_per_block = ranks, queued, tokens_per_block
         self.gauges = [(field, metric(spec)) for field, spec in MODEL_GAUGES.items()]
         self.gauges += [(field, metric(spec, labels=labels)) for field, (spec, labels) in ROUTER_GAUGES.items()]
         self._last: Optional[ModelLoad] = None
@@ -171,7 +180,7 @@ class ModelLoadMetrics:
                 logger.warning("Triton's queue of the model cannot be read from its metrics endpoint: %s counts "
                                "only what the ranks hold", MODEL_GAUGES["waiting_requests"].name)
             self._queue_unknown = queued is None
-        load = ModelLoad.of(ranks, queued or 0)
+        load = ModelLoad.of(ranks, queued or 0, self.tokens_per_block)
         for field, gauge in self.gauges:
             if self._last is None or getattr(load, field) != getattr(self._last, field):
                 gauge.set(getattr(load, field))

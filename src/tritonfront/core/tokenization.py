@@ -245,10 +245,10 @@ CHAT_ROLES = {"developer": "system"}  # OpenAI's newer name for the system role;
 
 
 def render_chat(tokenizer, messages: Sequence[dict], tools: Optional[list] = None) -> str:
-    """The one place a chat template is rendered (the llm_tokenizer's apply_chat_template and the
-    OpenAI front's chat): `messages` ({"role", "content"[, "name"]}) and, for a template that takes
-    them, `tools` through the tokenizer's template with the assistant's turn opened, as text whose
-    encoding without added special tokens is apply_chat_template(tokenize=True)'s ids."""
+    """The llm_tokenizer's apply_chat_template: `messages` ({"role", "content"[, "name"]}) and, for
+    a template that takes them, `tools` through the tokenizer's template with the assistant's turn
+    opened, as text whose encoding without added special tokens is apply_chat_template(tokenize=True)'s
+    ids. (The OpenAI front renders the same template without transformers: openai/chat_template.py.)"""
     turns = [{**message, "role": CHAT_ROLES.get(message["role"], message["role"])} for message in messages]
     return tokenizer.apply_chat_template(turns, tools=tools, tokenize=False, add_generation_prompt=True)
 

@@ -51,7 +51,9 @@ _MAX_TOKENS_NOTE = "Absent: the rest of the context, lowered by the llm's defaul
 # context leaves after its prompt, as OpenAI's API does, lowered by the llm's default_max_tokens
 # parameter); and so is text_input, which the llm_tokenizer requires itself, naming it. Triton 2.51
 # checks only how many inputs a request has: with max_tokens optional, a request that sends one
-# other input and no text_input passed Triton, and the ensemble then answered nothing at all.
+# other input and no text_input passed Triton, and the ensemble then answered nothing at all; and
+# since every input also reaches the llm_tokenizer (GENERATE_PIPELINE's every_input_to), such a
+# request gets the llm_tokenizer's "text_input: is required" whatever else it holds.
 INPUTS = (
     _request("text_input", "TYPE_STRING", (1,), TOKENIZER, _TEXT_INPUT_NOTE, ensemble_note=_TEXT_INPUT_NOTE),
     _request("decoder_text_input", "TYPE_STRING", (1,)),
@@ -291,7 +293,9 @@ GENERATE_PIPELINE = Pipeline(
     declared_in="GENERATE_PIPELINE in src/tritonfront/core/trtllm_contract.py",
     ensemble=ENSEMBLE, steps=(TOKENIZER, LLM, DETOKENIZER),
     tensors=(*(_with_llm_note(tensor) for tensor in (*INPUTS, *EXTRA_INPUTS)), *TOKENIZED, *CHUNKS,
-             *OUTPUTS, *EXTRA_OUTPUTS))
+             *OUTPUTS, *EXTRA_OUTPUTS),
+    # The llm_tokenizer names a missing text_input whatever else a request holds.
+    every_input_to=TOKENIZER)
 
 
 # Request parameters Triton itself defines (KServe v2's reserved ones; tritonclient's triton_*):

@@ -238,6 +238,11 @@ class Engine(ABC):
         not tell): with it, the cache's utilization."""
         return 0
 
+    def kv_cache_block_tokens(self) -> int:
+        """Tokens one block of kv_cache_blocks holds: 1 for an engine that counts cells (llama.cpp,
+        synthetic); a paged engine says its page size."""
+        return 1
+
     @abstractmethod
     def shutdown(self) -> None:
         """Stops the engine; unfinished requests get no further outputs."""

@@ -62,5 +62,12 @@ class Backend(Protocol):
         closing the iterator early cancels the generation."""
 
     async def embed(self, model: str, inputs: Union[Sequence[str], Sequence[Sequence[int]]],
-                    dimensions: Optional[int]) -> Embeddings:
-        """The embedding of each text (or list of token ids) and the tokens counted."""
+                    dimensions: Optional[int], truncate: Optional[bool] = None, param: str = "input") -> Embeddings:
+        """The embedding of each text (or list of token ids) and the tokens counted; texts over the
+        model's limit are cut to it unless `truncate` is false (None: the model's default). An error
+        about the inputs names `param`, the client's name for them."""
+
+    async def tokenize(self, model: str, texts: Sequence[str], param: str) -> list[list[int]]:
+        """Each text's token ids as `model` itself encodes it for its model (the generation
+        ensemble's llm_tokenizer feeds them to the llm), untruncated; an error about a text (one
+        the model refuses, one over its limit) names `param`."""

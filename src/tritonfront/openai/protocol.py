@@ -272,6 +272,120 @@ class EmbeddingRequest(Body):
         return self
 
 
+# vLLM's utility routes (vllm/entrypoints/serve/tokenize, pooling/scoring): `model` may be left out
+# (the first served model of the kind the route serves), as vLLM allows.
+
+class TokenizeCompletionRequest(Body):
+    """/tokenize of a raw prompt: its ids as the model's tokenizer gives them."""
+    model: Optional[str] = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: Optional[bool] = False
+
+
+class TokenizeChatRequest(Body):
+    """/tokenize of a conversation: its ids through the model's chat template, as the generation
+    ensemble is fed them for /v1/chat/completions."""
+    model: Optional[str] = None
+    messages: list[Message] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: Optional[bool] = False
+    tools: Optional[list[Any]] = None
+    # vLLM's; refused unless they ask for nothing
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    mm_processor_kwargs: Optional[dict[str, Any]] = None
+
+    @model_validator(mode="after")
+    def _one_way_to_end(self) -> "TokenizeChatRequest":
+        if self.continue_final_message and self.add_generation_prompt:
+            raise _Refused("continue_final_message", "cannot be true with add_generation_prompt true")
+        return self
+
+
+class DetokenizeTokensRequest(Body):
+    model: Optional[str] = None
+    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]]
+
+
+def _texts(value: Any) -> Any:
+    """A string or a list of strings (a score's or a rerank's inputs), as a list."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return value
+    raise ValueError(f"must be a string or a list of strings, got {_kind(value)}")
+
+
+Texts = Annotated[Optional[list[str]], BeforeValidator(_texts)]
+# vLLM's names for a score's two sides, each pair one way of writing it.
+SCORE_PAIRS = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
+SCORE_SIDES = tuple(dict.fromkeys(name for pair in SCORE_PAIRS for name in pair))
+
+
+class ScoreRequest(Body):
+    """/v1/score: the similarity of text_1 to each of text_2 (1:1, 1:N or N:N pairs)."""
+    model: Optional[str] = None
+    text_1: Texts = None
+    text_2: Texts = None
+    queries: Texts = None
+    documents: Texts = None
+    items: Texts = None
+    data_1: Texts = None
+    data_2: Texts = None
+    user: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _one_pair(self) -> "ScoreRequest":
+        present = [name for name in SCORE_SIDES if getattr(self, name) is not None]
+        given = [pair for pair in SCORE_PAIRS if set(pair) <= set(present)]
+        if len(present) == 1:
+            name = present[0]
+            partner = next(second if first == name else first for first, second in SCORE_PAIRS if name in (first, second))
+            raise _Refused(partner, f"is required with {name}")
+        if len(given) != 1 or len(present) != 2:
+            raise _Refused("text_1", "give the two sides as one of: "
+                           + ", ".join(f"{first} and {second}" for first, second in SCORE_PAIRS))
+        (first, second), = given
+        left, right = getattr(self, first), getattr(self, second)
+        if not left:
+            raise _Refused(first, "must not be empty")
+        if not right:
+            raise _Refused(second, "must not be empty")
+        if len(left) > 1 and len(left) != len(right):
+            raise _Refused(second, f"has {len(right)} texts for {len(left)} in {first}: the pairs must be 1:1, "
+                                   "1:N or N:N")
+        if len(left) + len(right) > MAX_EMBEDDING_INPUTS:
+            raise _Refused(second, f"{len(left) + len(right)} texts is over the limit of {MAX_EMBEDDING_INPUTS} "
+                                   "per request")
+        return self
+
+    @property
+    def sides(self) -> tuple[str, list[str], str, list[str]]:
+        """(first side's name, its texts, second side's name, its texts)."""
+        first, second = next(pair for pair in SCORE_PAIRS if getattr(self, pair[0]) is not None
+                             and getattr(self, pair[1]) is not None)
+        return first, getattr(self, first), second, getattr(self, second)
+
+
+class RerankRequest(Body):
+    """/v1/rerank: documents ordered by their similarity to the query."""
+    model: Optional[str] = None
+    query: str
+    documents: Annotated[list[str], BeforeValidator(_texts)] = Field(min_length=1)
+    top_n: int = Field(0, ge=0, le=INT32_MAX)
+    user: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _not_too_many(self) -> "RerankRequest":
+        if len(self.documents) + 1 > MAX_EMBEDDING_INPUTS:
+            raise _Refused("documents", f"{len(self.documents)} documents is over the limit of "
+                                        f"{MAX_EMBEDDING_INPUTS - 1} per request")
+        return self
+
+
 def _path(location: tuple) -> str:
     path = ""
     for part in location:

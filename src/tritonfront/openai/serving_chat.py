@@ -4,7 +4,7 @@ offered, each choice's text goes through tools.ToolCalls, which turns it into co
 calls; the whole answer and the stream are built from the same parts."""
 import time
 import uuid
-from typing import AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 from openai.types.chat import (ChatCompletion, ChatCompletionChunk, ChatCompletionMessage,
                                ChatCompletionTokenLogprob)
@@ -19,7 +19,7 @@ from .api_errors import invalid
 from .metrics import FrontMetrics
 from .prompts import Prompts
 from .backend import Backend, TextGenerationRequest
-from .protocol import ChatCompletionRequest
+from .protocol import ChatCompletionRequest, Message
 
 
 class _Content:
@@ -48,19 +48,26 @@ class ChatServing:
         # The backend knows Triton's model names; answers echo the name the client used (a served name).
         self.backend, self.prompts, self.metrics, self.triton_model = backend, prompts, metrics, triton_model
 
+    def prompt(self, model: str, messages: Sequence[Message], offered_tools: Optional[list], tool_choice: Any,
+               parallel_tool_calls: Optional[bool], add_generation_prompt: bool = True
+               ) -> tuple[str, Optional[tools.ToolRequest]]:
+        """The raw prompt the ensemble is sent for a conversation (and its tools, checked), as
+        /v1/chat/completions and /tokenize render it."""
+        if not self.prompts.has_chat_template:
+            raise invalid("messages", f"messages: model '{model}' has no chat template; use /v1/completions")
+        tool_request = tools.parse_request(offered_tools, tool_choice, parallel_tool_calls)
+        turns, template_tools = tools.prompt_messages([message.model_dump(exclude_none=True) for message in messages],
+                                                      tool_request, self.prompts.template_takes_tools)
+        return self.prompts.chat(turns, template_tools, add_generation_prompt), tool_request
+
     def generation_request(self, request: ChatCompletionRequest
                            ) -> tuple[TextGenerationRequest, Optional[tools.ToolRequest]]:
-        if not self.prompts.has_chat_template:
-            raise invalid("messages", f"messages: model '{request.model}' has no chat template; use /v1/completions")
-        tool_request = tools.parse_request(request.tools, request.tool_choice, request.parallel_tool_calls)
+        prompt, tool_request = self.prompt(request.model, request.messages, request.tools, request.tool_choice,
+                                           request.parallel_tool_calls)
         offered = tool_request is not None and tool_request.choice != "none"
         if offered and request.response_format is not None and request.response_format.type != "text":
             raise invalid("response_format", "response_format: cannot be combined with tools unless tool_choice is "
                                              "none (a forced call has a guide of its own)")
-        turns, template_tools = tools.prompt_messages([message.model_dump(exclude_none=True)
-                                                       for message in request.messages],
-                                                      tool_request, self.prompts.template_takes_tools)
-        prompt = self.prompts.chat(turns, template_tools)
         # No limit given: none is sent, and the llm allows what the context leaves after the prompt
         # (OpenAI's default), lowered by its default_max_tokens parameter.
         limit, limit_param = request.completion_limit

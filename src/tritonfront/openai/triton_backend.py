@@ -13,6 +13,10 @@ special tokens ([CLS] ... [SEP] for BERT) as `tokenizer(text)` returns them; the
 list longer than the model's limit, naming it (texts are truncated to it, as sentence-transformers
 does). `dimensions` goes to the pooler, which keeps the first N and normalizes again.
 
+Token ids (Backend.tokenize, for /tokenize and the render endpoints) come from the ensemble's own
+tokenizer step, called directly: the step an ensemble feeds its text_input and takes input_ids from
+(generate's llm_tokenizer, embed's tokenizer), one request per text, untruncated.
+
 Log probs come with each token's bytes from the detokenizer (`output_token_texts`): the text of a
 token is its bytes decoded, never a prefix decoded again.
 """
@@ -28,13 +32,19 @@ from .triton_errors import RETRY_UNAVAILABLE_S
 from .logprobs import Token
 from .config import FrontConfig
 from .backend import Embeddings, TextDelta, TextGenerationRequest
-from .triton_client import Contract, TritonClient, output
+from .triton_client import Contract, Step, TritonClient, output
 from .triton_inputs import LOG_PROBS, SEQUENCE_INDEX, Plan, plan
 
 EMBEDDING, TOKEN_COUNTS = "embedding", "input_lengths"
 ENDED_BY_SERVER = "cancelled"  # the llm's finish reason for a request it ended itself
 IDS_SUFFIX = "_ids"  # the embedding ensemble `embed` takes texts; `embed_ids` takes token ids
-EMBED_PARAMS = {"text_input": "input", "input_ids": "input", "input_lengths": "input", "dimensions": "dimensions"}
+TEXT_INPUT, TOKEN_IDS = "text_input", "input_ids"
+
+
+def embed_params(param: str) -> dict[str, str]:
+    """The embedding ensembles' inputs -> the client's parameters, for errors."""
+    return {"text_input": param, "input_ids": param, "input_lengths": param, "dimensions": "dimensions",
+            "truncate": "truncate"}
 
 
 async def merge(iterators: list) -> AsyncIterator:
@@ -121,7 +131,7 @@ class TritonBackend:
                                result.as_numpy(logprobs.TOP_TEXTS))
 
     async def embed(self, model: str, inputs: Union[Sequence[str], Sequence[Sequence[int]]],
-                    dimensions: Optional[int]) -> Embeddings:
+                    dimensions: Optional[int], truncate: Optional[bool] = None, param: str = "input") -> Embeddings:
         texts = all(isinstance(item, str) for item in inputs)
         contract = await self.client.contract(model if texts else model + IDS_SUFFIX)
         if texts and TOKEN_COUNTS not in contract.outputs:
@@ -129,29 +139,59 @@ class TritonBackend:
                                    "usage needs", type=SERVER_ERROR, code="model_error")
         size = max(1, contract.max_batch_size)
         embed = self._texts if texts else self._ids
-        parts = await asyncio.gather(*(embed(contract, inputs[start:start + size], dimensions, start)
+        parts = await asyncio.gather(*(embed(contract, inputs[start:start + size], dimensions, truncate,
+                                             embed_params(param), start)
                                        for start in range(0, len(inputs), size)))
         return Embeddings(np.concatenate([vectors for vectors, _ in parts]), sum(tokens for _, tokens in parts))
 
     async def _texts(self, contract: Contract, texts: Sequence[str], dimensions: Optional[int],
-                     offset: int) -> tuple[np.ndarray, int]:
+                     truncate: Optional[bool], params: dict, offset: int) -> tuple[np.ndarray, int]:
         """One Triton request: the embeddings of `texts` (from index `offset` of the client's list)
         and the tokens the ensemble's tokenizer gave them."""
         values = {"text_input": np.array([[text.encode()] for text in texts], dtype=object)}
+        if truncate is not None:
+            values["truncate"] = np.full((len(texts), 1), truncate, dtype=bool)
         result = await self.client.infer(contract, contract.tensors(_with_dimensions(values, dimensions, len(texts))),
-                                         [EMBEDDING, TOKEN_COUNTS], EMBED_PARAMS, offset)
+                                         [EMBEDDING, TOKEN_COUNTS], params, offset)
         return result.as_numpy(EMBEDDING), int(result.as_numpy(TOKEN_COUNTS).sum())
 
     async def _ids(self, contract: Contract, lists: Sequence[Sequence[int]], dimensions: Optional[int],
-                   offset: int) -> tuple[np.ndarray, int]:
-        """One Triton request: the embeddings of the token-id lists and their tokens."""
+                   truncate: Optional[bool], params: dict, offset: int) -> tuple[np.ndarray, int]:
+        """One Triton request: the embeddings of the token-id lists and their tokens (ids are never
+        truncated: a list over the limit is refused whatever `truncate` says)."""
         longest = max(len(ids) for ids in lists)
         # The ensemble reads only the first input_lengths[i] ids of row i: any valid id pads.
         values = {"input_ids": np.array([list(ids) + [0] * (longest - len(ids)) for ids in lists], dtype=np.int32),
                   "input_lengths": np.array([[len(ids)] for ids in lists], dtype=np.int32)}
         result = await self.client.infer(contract, contract.tensors(_with_dimensions(values, dimensions, len(lists))),
-                                         [EMBEDDING], EMBED_PARAMS, offset)
+                                         [EMBEDDING], params, offset)
         return result.as_numpy(EMBEDDING), sum(len(ids) for ids in lists)
+
+    async def tokenize(self, model: str, texts: Sequence[str], param: str) -> list[list[int]]:
+        contract = await self.client.contract(model)
+        step = tokenizer_step(contract)
+        tokenizer = await self.client.contract(step.model)
+        return list(await asyncio.gather(*(self._tokenize(tokenizer, step.inputs, text, param) for text in texts)))
+
+    async def _tokenize(self, tokenizer: Contract, inputs: dict, text: str, param: str) -> list[int]:
+        """One Triton request to the tokenizer step's model: the ids it hands on for `text`."""
+        values = {inputs[TEXT_INPUT]: np.array([[text.encode()]], dtype=object)}
+        if "truncate" in tokenizer.inputs:  # the embedding tokenizer's; the ids are asked for whole
+            values["truncate"] = np.array([[False]], dtype=bool)
+        result = await self.client.infer(tokenizer, tokenizer.tensors(values), [TOKEN_IDS, TOKEN_COUNTS],
+                                         {inputs[TEXT_INPUT]: param})
+        return result.as_numpy(TOKEN_IDS).reshape(-1)[:int(result.as_numpy(TOKEN_COUNTS).reshape(-1)[0])].tolist()
+
+
+def tokenizer_step(contract: Contract) -> Step:
+    """The step of an ensemble that turns its text_input into token ids (generate's llm_tokenizer,
+    embed's tokenizer), with its input map reversed (ensemble tensor -> the step model's input)."""
+    for step in contract.steps:
+        fed = {tensor: name for name, tensor in step.inputs.items()}
+        if TEXT_INPUT in fed and {TOKEN_IDS, TOKEN_COUNTS} <= set(step.outputs):
+            return Step(step.model, fed, step.outputs)
+    raise OpenAIError(400, f"model '{contract.model}' has no tokenizer step (an ensemble step that turns "
+                           f"{TEXT_INPUT} into {TOKEN_IDS}) to tokenize with", code="unsupported_model")
 
 
 def _with_dimensions(values: dict, dimensions: Optional[int], rows: int) -> dict:

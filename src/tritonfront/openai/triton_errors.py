@@ -20,6 +20,9 @@ MODEL_UNAVAILABLE = ("is not healthy", "is not ready", "Request for unknown mode
 CONNECTION_LOST = ("failed to connect", "connection refused", "socket closed", "connection reset", "broken pipe")
 # Triton's prefixes before the composing model's own message.
 _PREFIXES = re.compile(r"^(?:in ensemble '[^']*', )?(?:\[request id: [^\]]*\] )?")
+# The clients' parameters that are lists of what a Triton input holds one of per row: OpenAI's
+# stop and input, TEI's inputs, the sides of vLLM's scores.
+LIST_PARAMETERS = ("stop", "input", "inputs", "text_1", "text_2", "queries", "documents", "items", "data_1", "data_2")
 _NAMED = re.compile(r"^([A-Za-z_]\w*)(\[(\d+)\])?: (.+)$", re.S)
 
 
@@ -36,8 +39,8 @@ def from_triton(message: str, status: str, model: str, params: Mapping[str, str]
     if named and named.group(1) in params:
         param = params[named.group(1)]
         index = named.group(3)
-        # An index of a list input points into the list the client sent (stop, input).
-        where = f"{param}[{int(index) + offset}]" if index is not None and param in ("stop", "input") else param
+        # An index of a list input points into the list the client sent.
+        where = f"{param}[{int(index) + offset}]" if index is not None and param in LIST_PARAMETERS else param
         return OpenAIError(400, f"{where}: {named.group(4)}", param=param, code="invalid_value")
     if status in ("StatusCode.INVALID_ARGUMENT", "400"):
         return OpenAIError(400, text, code="invalid_value")
