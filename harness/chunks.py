@@ -71,13 +71,16 @@ def detokenizer_request(output_ids: Sequence[int], context_ids: Sequence[int] = 
                         finish_reason: Optional[str] = None, prompt_tokens: int = 0,
                         completion_tokens: Optional[int] = None, echo_ids: Sequence[int] = (),
                         delivery: Sequence[int] = (0, 0, NO_SLOT, 0), batch_index: int = 0, sequence_index: int = 0,
-                        several_sequences: bool = False, check_cancelled: bool = True, **more) -> dict:
+                        several_sequences: bool = False, check_cancelled: bool = True,
+                        finish_reason_output: str = "generate", **more) -> dict:
     """A `detokenizer` request's inputs (numpy, by name) for one chunk, packed as the llm sends it
     (tritonfront.core.chunk_packing), with the other inputs given (`more`); finish_reason "length"
-    on a final chunk unless told, completion_tokens the chunk's own ids unless told."""
+    on a final chunk unless told, completion_tokens the chunk's own ids unless told; how the client
+    gets the finish reason: chunk_packing.FINISH_REASON_OUTPUTS."""
     if finish_reason is None:
         finish_reason = "length" if final else ""
     if completion_tokens is None:
         completion_tokens = len(output_ids)
     return {"chunk": pack(final, finish_reason, prompt_tokens, completion_tokens, batch_index, sequence_index,
-                          several_sequences, check_cancelled, delivery, context_ids, echo_ids, output_ids), **more}
+                          several_sequences, check_cancelled, delivery, context_ids, echo_ids, output_ids,
+                          finish_reason_output), **more}

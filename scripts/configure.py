@@ -10,6 +10,7 @@ code is never copied.
     scripts/configure.py --out /tmp/deploy --dp 2 --engine synthetic --set llm.synthetic_step_ms=10
     scripts/configure.py --out /tmp/deploy --queue encoder=256:2000 --queue llm=128:30000
     scripts/configure.py --out /tmp/deploy --queue-delay llm_tokenizer=2000 --queue-delay llm=2000
+    scripts/configure.py --out /tmp/deploy --llmapi-decoupled
     TRITONFRONT_REPOSITORIES=/tmp/deploy/model_repository:/tmp/deploy/ensembles scripts/serve.sh
 
 The committed files' tensors that a contract decides are written from its declaration (DECLARATIONS):
@@ -43,7 +44,8 @@ if __name__ == "__main__":  # imported (by a test), it is already in some venv: 
 from google.protobuf import text_format  # noqa: E402 (installed in the venv entered above)
 from tritonclient.grpc import model_config_pb2  # noqa: E402
 
-from tritonfront.core import config_tensors, trtllm_contract  # noqa: E402
+from tritonfront.core import config_tensors, llmapi_contract, trtllm_contract  # noqa: E402
+from tritonfront.core.llmapi_contract import DECOUPLED_MODEL_NAME, MODEL_NAME as LLMAPI_MODEL  # noqa: E402
 from tritonfront.core.model_config import CONFIGS, PARAMETERS, ConfigError, validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +59,7 @@ GPU_MODELS = ("encoder", "llm")
 ENGINE_PARAMETERS = {"llama_cpp": {"kv_unified": "false", "max_num_seqs": "64", "kv_cache_tokens": "65536"}}
 # The declarations whose tensors the committed configs carry between their GENERATED markers
 # (tritonfront.core.config_tensors): --write-committed rewrites those lines from them.
-DECLARATIONS = (trtllm_contract.GENERATE_PIPELINE,)
+DECLARATIONS = (trtllm_contract.GENERATE_PIPELINE, llmapi_contract.LLMAPI_PIPELINE, llmapi_contract.LLMAPI_MODEL)
 # synthetic, for capacity runs of up to 1,024 streams per rank: all of them in the running batch and
 # held by the rank (not in Triton's queue), and a KV cache that never limits them (0: max_num_seqs
 # whole contexts); --set llm.kv_cache_tokens=N models a GPU's cache instead.
@@ -142,6 +144,10 @@ def build(args) -> list[tuple[str, Path, model_config_pb2.ModelConfig]]:
                 continue
             config = load(config_file)
             name = config.name or model_dir.name  # Triton names a model without `name` after its folder
+            if args.llmapi_decoupled and name == LLMAPI_MODEL:
+                continue  # the decoupled model takes its name, as decoupled: True in NVIDIA's model.yaml
+            if args.llmapi_decoupled and name == DECOUPLED_MODEL_NAME:
+                config.name = LLMAPI_MODEL
             if counts.get(name):
                 set_count(config, counts[name])
             if args.gpus and name in GPU_MODELS:
@@ -291,7 +297,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", help="folder to write model_repository/ and ensembles/ into")
     parser.add_argument("--write-committed", action="store_true",
                         help="instead of a deployment: rewrite the committed config.pbtxt files' generated tensors "
-                             "from their declarations (src/tritonfront/core/trtllm_contract.py)")
+                             "from their declarations (src/tritonfront/core/trtllm_contract.py, llmapi_contract.py)")
     parser.add_argument("--dp", type=count, help="llm instances = data-parallel ranks (CPU)")
     parser.add_argument("--gpus", type=gpu_list, help="e.g. 0,1: encoder on these GPUs, one llm DP rank per GPU")
     parser.add_argument("--engine", choices=PARAMETERS["llm"]["engine"].choices, help="llm engine")
@@ -299,6 +305,10 @@ def main(argv=None) -> None:
     parser.add_argument("--tokenizers", type=count, help="tokenizer and llm_tokenizer instance count")
     parser.add_argument("--encoders", type=count, help="encoder instance count (CPU)")
     parser.add_argument("--poolers", type=count, help="pooler instance count")
+    parser.add_argument("--llmapi-decoupled", action="store_true",
+                        help=f"serve TensorRT-LLM's LLM-API contract decoupled under its name {LLMAPI_MODEL} (streams "
+                             f"over gRPC, no unary infer), as decoupled: True in NVIDIA's model.yaml; by default "
+                             f"{LLMAPI_MODEL} is not decoupled and {DECOUPLED_MODEL_NAME} streams")
     parser.add_argument("--set", action="append", default=[], metavar="MODEL.PARAM=VALUE",
                         help="override a config.pbtxt parameter, e.g. llm.balancing=none (checked against the "
                              "model's typed config: tritonfront/core/model_config.py)")

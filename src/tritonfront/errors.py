@@ -15,6 +15,11 @@ class ConfigError(ValueError):
     setting, the value and what is allowed."""
 
 
+class Cancelled(Exception):
+    """A request answered with Triton's CANCELLED status instead of a result: a stop request of the
+    LLM-API contract is answered so, as NVIDIA's tensorrt_llm model answers it."""
+
+
 class Unavailable(RuntimeError):
     """A request the server cannot take now but another replica, or this one later, can (it is
     stopping); models answer it UNAVAILABLE (HTTP 503), which clients and routers retry."""

@@ -78,12 +78,17 @@ class ResponseSender:
 class FakeRequest:
     """Test side: a request as execute gets it."""
 
-    def __init__(self, inputs: dict, requested_outputs=(), parameters: dict | None = None):
+    def __init__(self, inputs: dict, requested_outputs=(), parameters: dict | None = None, request_id: str = ""):
         self._inputs = [Tensor(name, value) for name, value in inputs.items()]
         self._requested = list(requested_outputs)
         self._parameters = dict(parameters or {})
+        self._request_id = request_id
         self.sender = ResponseSender()
         self.cancelled = False
+
+    def request_id(self) -> str:
+        """The client's request id; "" when it sent none, as the stub's."""
+        return self._request_id
 
     def inputs(self) -> list:
         return self._inputs

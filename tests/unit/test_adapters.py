@@ -59,7 +59,8 @@ def pb_utils():
         yield fake
 
 
-@pytest.mark.parametrize("model", ["tokenizer", "llm_tokenizer", "encoder", "pooler", "detokenizer", "llm"])
+@pytest.mark.parametrize("model", ["tokenizer", "llm_tokenizer", "encoder", "pooler", "detokenizer", "llm",
+                                   "tensorrt_llm"])
 def test_the_glue_and_adapters_import_before_the_stub_adds_its_classes(model):
     fake = fake_pb_utils()
     for name in fake.STUB_PROVIDED:
@@ -197,6 +198,20 @@ def test_llm_tokenizer_refuses_a_parameter_generate_does_not_define(pb_utils):
     assert not responses[1].has_error()
 
 
+def test_llm_tokenizer_checks_an_llmapi_request_against_that_contract(pb_utils):
+    """NVIDIA's llmapi_client.py sends the parameter Streaming with every request; generate refuses it."""
+    model = started(pb_utils, "llm_tokenizer")
+    llmapi = {"llmapi_text_input": texts(b"Hello")}
+    nvidia_client = pb_utils.FakeRequest(llmapi, parameters={"Streaming": False})
+    curl_example = pb_utils.FakeRequest(llmapi, parameters={"max_tokens": 10})
+    generate = pb_utils.FakeRequest({"text_input": texts(b"Hello")}, parameters={"Streaming": False})
+    responses = model.execute([nvidia_client, curl_example, generate])
+    assert responses[0].outputs()["llmapi_request"].tolist() == [[True]]
+    assert error_of(responses[1])[1].startswith("max_tokens: tensorrt_llm has no input or parameter of this name "
+                                                "(did you mean sampling_param_max_tokens?)")
+    assert error_of(responses[2])[1].startswith("Streaming: generate has no input or parameter of this name")
+
+
 def test_encoder_outputs_padded_states_and_names_bad_ids(pb_utils):
     model = started(pb_utils, "encoder")
     ids = np.array([[101, 7592, 2088, 102], [101, 7592, 102, 0]], dtype=np.int32)
@@ -292,6 +307,9 @@ def test_detokenizer_decodes_passes_through_and_acknowledges_what_it_decoded(pb_
     ("pooler", {"parameters": {"model_source": "/tmp/model"}},
      "model pooler: parameter model_source: '/tmp/model' is not allowed; it must be one of embed, llm"),
     ("llm_tokenizer", {"max_batch_size": 0}, "model llm_tokenizer: max_batch_size must be >= 1"),
+    ("tensorrt_llm", {"max_batch_size": 8}, "model tensorrt_llm: max_batch_size must be 0"),
+    ("tensorrt_llm", {"model_transaction_policy": {"decoupled": True}},
+     "model tensorrt_llm: model_transaction_policy { decoupled: false } is required"),
 ])
 def test_config_errors_fail_loading_with_the_parameter_named(pb_utils, model, args, message):
     with pytest.raises(ConfigError) as error:
@@ -410,6 +428,31 @@ def test_llm_bad_requests_get_one_final_error_each(pb_utils, llm):
     (response, flags), = finished(no_lengths)
     assert flags == FINAL and error_of(response) == (INVALID, "input_lengths: is required")
     assert not finished(good)[-1][0].has_error()
+
+
+def test_llm_answers_an_llmapi_stop_request_cancelled_and_stops_the_requests_of_its_id(pb_utils, llm):
+    model, engine, _ = llm
+    flag = {"llmapi_request": np.array([[True]]), "return_finish_reason": np.array([[True]])}
+    prompt = {"input_ids": np.array([[5, 6, 7]], dtype=np.int32), "input_lengths": np.array([[3]], dtype=np.int32)}
+    running = pb_utils.FakeRequest({**prompt, "stream": np.array([[True]]), **flag}, request_id="story-1")
+    model.execute([running])
+    deadline = time.monotonic() + 10
+    while not running.sender.sent:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    stop_inputs = {"input_ids": np.zeros((1, 0), dtype=np.int32), "input_lengths": np.array([[0]], dtype=np.int32),
+                   "stop": np.array([[True]]), **flag}
+    stop, anonymous = pb_utils.FakeRequest(stop_inputs, request_id="story-1"), pb_utils.FakeRequest(stop_inputs)
+    model.execute([stop, anonymous])
+    (answer, _), = finished(stop)
+    code, message = error_of(answer)
+    assert code == pb_utils.TritonError.CANCELLED and message.startswith("Request cancelled by client")
+    (answer, _), = finished(anonymous)
+    assert error_of(answer) == (pb_utils.TritonError.INVALID_ARG, error_of(answer)[1])
+    assert error_of(answer)[1].startswith("stop: needs the request id")
+    last, flags = finished(running)[-1]
+    assert flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    assert last.outputs()["finish_reason"].tolist() == [[b"cancelled"]] and engine.cancelled
 
 
 def test_llm_checks_a_whole_batch_then_adds_it_in_one_block(pb_utils, llm):

@@ -29,7 +29,8 @@ def test_the_committed_configs_are_what_their_declarations_write():
                     f"writes\n{diff[:4000]}", pytrace=False)
     names = {path.relative_to(ROOT).as_posix() for path in generated}
     assert {"model_repository/llm_tokenizer/config.pbtxt", "model_repository/llm/config.pbtxt",
-            "model_repository/detokenizer/config.pbtxt", "ensembles/generate/config.pbtxt"} <= names
+            "model_repository/detokenizer/config.pbtxt", "ensembles/generate/config.pbtxt",
+            "ensembles/tensorrt_llm_decoupled/config.pbtxt", "model_repository/tensorrt_llm/config.pbtxt"} <= names
 
 
 def parsed(text: str) -> model_config_pb2.ModelConfig:
@@ -97,8 +98,16 @@ def test_one_model_without_an_ensemble_takes_the_request_and_sends_the_response(
     ((PipelineTensor("x", "TYPE_INT32", (1,), "a", RESPONSE, optional=True),), "only an input can be optional"),
     ((PipelineTensor("x", "TYPE_INT32", (1,), "a", "b"), PipelineTensor("x", "TYPE_INT32", (1,), REQUEST, "b")),
      "declared twice among the inputs of b"),
-    ((PipelineTensor("x", "TYPE_INT32", (1,), REQUEST, "a"), PipelineTensor("x", "TYPE_INT32", (1,), REQUEST, "b")),
-     "declared twice among the request's tensors"),
+    ((PipelineTensor("x", "TYPE_INT32", (1,), REQUEST, "a"), PipelineTensor("x", "TYPE_FP32", (1,), REQUEST, "b")),
+     "declared twice among the request's tensors, with another type, shape or optional flag"),
+    ((PipelineTensor("y", "TYPE_INT32", (1,), REQUEST, "a", optional=True),
+      PipelineTensor("x", "TYPE_INT32", (1,), REQUEST, "b", ensemble_name="y")),
+     "declared twice among the request's tensors, with another type, shape or optional flag"),
+    ((PipelineTensor("y", "TYPE_INT32", (1,), "a", RESPONSE),
+      PipelineTensor("x", "TYPE_INT32", (1,), "b", RESPONSE, ensemble_name="y")),
+     "declared twice among the response's tensors"),
+    ((PipelineTensor("x", "TYPE_INT32", (1,), "a", "b", ensemble_name="y"),),
+     "only an ensemble's request and response tensors have an ensemble name or dims of their own"),
     ((PipelineTensor("x", "TYPE_INT32", (1,), "a", "b"), PipelineTensor("x", "TYPE_FP32", (1,), "a", RESPONSE)),
      "declared twice among the outputs of a"),
 ])
@@ -106,6 +115,96 @@ def test_a_declaration_that_cannot_be_served_is_refused_naming_the_tensor(tensor
     with pytest.raises(ValueError, match="tensor 'x'") as error:
         Pipeline(declared_in="here", ensemble="e", steps=("a", "b"), tensors=tensors)
     assert message in str(error.value)
+
+
+def test_one_input_of_the_ensemble_may_go_to_several_steps():
+    both = Pipeline(declared_in="here", ensemble="e", steps=("a", "b"), tensors=(
+        PipelineTensor("x", "TYPE_BOOL", (1,), REQUEST, "a", optional=True, source_note="Both take it."),
+        PipelineTensor("x", "TYPE_BOOL", (1,), REQUEST, "b", optional=True),
+        PipelineTensor("y", "TYPE_INT32", (1,), "b", RESPONSE)))
+    ensemble = parsed(both.models["e"].text())
+    assert entries(ensemble.input) == {"x": ("TYPE_BOOL", (1,), True, False)}
+    assert [dict(step.input_map) for step in ensemble.ensemble_scheduling.step] == [{"x": "x"}, {"x": "x"}]
+    assert both.models["e"].text().count("# Both take it.") == 1
+
+
+def test_a_contract_may_name_and_shape_its_tensors_otherwise_than_the_steps():
+    """The LLM-API contract's streaming is the llm's stream, its finish_reason [-1] the detokenizer's [1]."""
+    renamed = Pipeline(declared_in="here", ensemble="e", steps=("a", "b"), tensors=(
+        PipelineTensor("stream", "TYPE_BOOL", (1,), REQUEST, "a", optional=True, ensemble_name="streaming"),
+        PipelineTensor("ids", "TYPE_INT32", (-1,), "a", "b"),
+        PipelineTensor("cum_log_probs", "TYPE_FP32", (1,), "b", RESPONSE, ensemble_name="cumulative_logprob",
+                       ensemble_dims=(-1,))))
+    step_a, step_b, ensemble = (parsed(renamed.models[name].text()) for name in ("a", "b", "e"))
+    assert entries(step_a.input) == {"stream": ("TYPE_BOOL", (1,), True, False)}
+    assert entries(step_b.output) == {"cum_log_probs": ("TYPE_FP32", (1,), False, False)}
+    assert entries(ensemble.input) == {"streaming": ("TYPE_BOOL", (1,), True, False)}
+    assert entries(ensemble.output) == {"cumulative_logprob": ("TYPE_FP32", (-1,), False, False)}
+    maps = [(dict(step.input_map), dict(step.output_map)) for step in ensemble.ensemble_scheduling.step]
+    assert maps == [({"stream": "streaming"}, {"ids": "_ids"}),
+                    ({"ids": "_ids"}, {"cum_log_probs": "cumulative_logprob"})]
+    with pytest.raises(ValueError, match="tensor 'x'.*only an ensemble's request and response tensors"):
+        Pipeline(declared_in="here", ensemble=None, steps=("a",), tensors=(
+            PipelineTensor("x", "TYPE_INT32", (1,), REQUEST, "a", ensemble_name="y"),))
+
+
+# A second contract on SPLIT's steps: its own ensemble, one more input of split, one of join's
+# outputs under its own name.
+SPLIT_AGAIN = Pipeline(declared_in="the second declaration", ensemble="again", steps=("split", "join"), tensors=(
+    PipelineTensor("raw", "TYPE_STRING", (-1,), REQUEST, "split", optional=True, sink_note="The second contract's."),
+    PipelineTensor("prompt", "TYPE_STRING", (1,), REQUEST, "split", optional=True, ensemble_name="words"),
+    PipelineTensor("ids", "TYPE_INT32", (-1,), "split", "join"),
+    PipelineTensor("text", "TYPE_STRING", (-1,), "join", RESPONSE, ensemble_name="answer"),
+))
+
+
+def test_steps_two_pipelines_run_carry_the_tensors_of_both(tmp_path):
+    root = repository(tmp_path, f"{BEGIN_MARKER}\n{END_MARKER}\n")
+    (root / "models" / "again").mkdir()
+    (root / "models" / "again" / "config.pbtxt").write_text(HEAD + f"{BEGIN_MARKER}\n{END_MARKER}\n" + TAIL)
+    files = config_tensors.generated_files(root, ["models"], [SPLIT, SPLIT_AGAIN])
+    split = files[root / "models" / "split" / "config.pbtxt"]
+    # The first declaration's tensors in its order, then what the second adds, each with its comment.
+    assert list(entries(parsed(split).input).items()) == [("prompt", ("TYPE_STRING", (1,), True, False)),
+                                                          ("raw", ("TYPE_STRING", (-1,), True, True))]
+    assert "    # The second contract's.\n    name: \"raw\"" in split and "# Absent: the empty text." in split
+    assert split.replace("\n# ", " ").count("from tests/unit/test_config_tensors.py and the second declaration")
+    # Each ensemble is its own declaration's alone.
+    assert files[root / "models" / "whole" / "config.pbtxt"] == HEAD + SPLIT.region("whole") + TAIL
+    again = parsed(files[root / "models" / "again" / "config.pbtxt"])
+    assert list(entries(again.input)) == ["raw", "words"] and list(entries(again.output)) == ["answer"]
+    assert dict(again.ensemble_scheduling.step[0].input_map) == {"prompt": "words", "raw": "raw"}
+
+
+@pytest.mark.parametrize("tensors, message", [
+    ((PipelineTensor("prompt", "TYPE_STRING", (-1,), REQUEST, "split", optional=True),
+      PipelineTensor("ids", "TYPE_INT32", (-1,), "split", "join"),
+      PipelineTensor("text", "TYPE_STRING", (-1,), "join", RESPONSE)),
+     "input 'prompt' is declared differently"),
+    ((PipelineTensor("words", "TYPE_STRING", (1,), REQUEST, "split"),
+      PipelineTensor("ids", "TYPE_INT32", (-1,), "split", "join"),
+      PipelineTensor("text", "TYPE_STRING", (-1,), "join", RESPONSE)),
+     "input 'words' is required, and tests/unit/test_config_tensors.py never sends it"),
+    ((PipelineTensor("prompt", "TYPE_STRING", (1,), REQUEST, "split", optional=True),
+      PipelineTensor("ids", "TYPE_INT32", (-1,), "split", "join"),
+      PipelineTensor("text", "TYPE_STRING", (1,), "join", RESPONSE)),
+     "output 'text' is declared differently"),
+])
+def test_a_step_two_pipelines_declare_unlike_is_refused(tmp_path, tensors, message):
+    other = Pipeline(declared_in="the second declaration", ensemble="again", steps=("split", "join"), tensors=tensors)
+    root = repository(tmp_path, f"{BEGIN_MARKER}\n{END_MARKER}\n")
+    (root / "models" / "again").mkdir()
+    (root / "models" / "again" / "config.pbtxt").write_text(HEAD + f"{BEGIN_MARKER}\n{END_MARKER}\n" + TAIL)
+    with pytest.raises(ValueError, match="model '(split|join)' \\(a step of tests/unit/test_config_tensors.py and "
+                                         "the second declaration\\)") as error:
+        config_tensors.generated_files(root, ["models"], [SPLIT, other])
+    assert message in str(error.value)
+
+
+def test_an_ensemble_is_written_by_one_declaration():
+    with pytest.raises(ValueError, match="model 'whole'.*an ensemble is written by one declaration"):
+        config_tensors.merged_model("whole", [SPLIT, Pipeline(declared_in="x", ensemble=None, steps=("whole",),
+                                                              tensors=())])
 
 
 def test_the_step_that_takes_every_input_gets_the_rest_of_the_request_as_optional_inputs():

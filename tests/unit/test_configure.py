@@ -139,3 +139,18 @@ def test_synthetic_is_deployed_for_1024_streams_a_rank_on_each_of_its_ranks(tmp_
     other = configure.load(tmp_path / "b" / "model_repository" / "llm" / "config.pbtxt").parameters
     assert [other[key].string_value for key in ("kv_cache_tokens", "synthetic_step_ms", "max_num_seqs")] == \
         ["65536", "8", "1024"]
+
+
+def test_the_llmapi_contract_is_served_decoupled_under_its_name_on_request(tmp_path):
+    from harness.deploy import read_model_config
+
+    configure.main(["--out", str(tmp_path / "default")])
+    assert (tmp_path / "default" / "model_repository" / "tensorrt_llm").is_dir()
+    assert read_model_config(tmp_path / "default" / "ensembles" / "tensorrt_llm_decoupled").platform == "ensemble"
+    configure.main(["--out", str(tmp_path / "decoupled"), "--llmapi-decoupled"])
+    assert not (tmp_path / "decoupled" / "model_repository" / "tensorrt_llm").exists()
+    assert not (tmp_path / "decoupled" / "ensembles" / "tensorrt_llm_decoupled").exists()
+    ensemble = read_model_config(tmp_path / "decoupled" / "ensembles" / "tensorrt_llm")
+    assert ensemble.name == "tensorrt_llm" and ensemble.platform == "ensemble"
+    assert (tmp_path / "decoupled" / "ensembles" / "tensorrt_llm" / "1").resolve() == \
+        (ROOT / "ensembles" / "tensorrt_llm_decoupled" / "1").resolve()

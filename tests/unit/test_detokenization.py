@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from harness.chunks import chunk_stream
+from harness.chunks import chunk_stream, detokenizer_request
 from harness.corpora import MULTILINGUAL as TEXTS
 from tritonfront.core.detokenization import (
     DETOKENIZER_WINDOW,
@@ -398,3 +398,27 @@ def test_per_token_outputs_only_when_asked_and_top_ids_checked():
     [out] = detokenizer.respond([DetokenizeRequest([chunk], {}, [0], False, padded)], lambda stamps: None)
     assert out["output_top_texts"].shape == (1, 1, n, 2) and set(out["output_top_texts"][0, 0, :, 1]) == {b""}
     assert b"".join(out["output_top_texts"][0, 0, :, 0]).decode() == "Hi there"
+
+
+def test_stop_reasons_and_the_llmapi_pass_through_as_parsed_from_the_llms_tensors():
+    tokenizer, detokenizer = _get("smollm2")
+    ids, word = encode(tokenizer, "Hello there"), encode(tokenizer, "<|im_end|> done")
+    inputs = detokenizer_request(ids, finish_reason="stop", prompt_tokens=3, finish_reason_output="omitted",
+                                 stop_reason_ids=np.array([word], dtype=np.int32),
+                                 kv_cache_hit_rate=np.array([[0.0]], np.float32))
+    [out] = detokenizer.respond([DetokenizeRequest.parse(inputs)], lambda stamps: None)
+    # The word decoded with its special tokens; no finish_reason unless the request asked for it.
+    assert out["stop_reason"].tolist() == [[b"<|im_end|> done"]] and "finish_reason" not in out
+    assert out["text_output"].tolist() == [b"Hello there"] and out["kv_cache_hit_rate"].tolist() == [[0.0]]
+    inputs["stop_reason_ids"] = np.zeros((1, 0), dtype=np.int32)
+    [out] = detokenizer.respond([DetokenizeRequest.parse(inputs)], lambda stamps: None)
+    assert out["stop_reason"].tolist() == [[b"None"]]
+    del inputs["stop_reason_ids"]
+    [out] = detokenizer.respond([DetokenizeRequest.parse(inputs)], lambda stamps: None)
+    assert "stop_reason" not in out
+    # Asked for: NVIDIA's "None" before the last response, the reason on it; generate's "" before it.
+    for final, shown, reason in ((False, "llmapi", b"None"), (True, "llmapi", b"stop"), (False, "generate", b"")):
+        inputs = detokenizer_request(ids, final=final, finish_reason="stop" if final else "",
+                                     finish_reason_output=shown)
+        [out] = detokenizer.respond([DetokenizeRequest.parse(inputs)], lambda stamps: None)
+        assert out["finish_reason"].tolist() == [[reason]]

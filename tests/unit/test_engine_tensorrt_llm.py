@@ -1,8 +1,10 @@
 """The TensorRT-LLM adapter's mapping of every sampling feature onto TensorRT-LLM's LLM API, against a
 fake `tensorrt_llm` built from the adapter's API manifest (tests/unit/fake_tensorrt_llm.py): it
 refuses any name the manifest lacks and behaves as TensorRT-LLM 1.2 does where the adapter depends on
-it. TensorRT-LLM needs a GPU and cannot be installed here: this checks our side of its API, not
-TensorRT-LLM itself (scripts/verify_gpu.sh does that)."""
+it, in each branch of what changed inside the line (fake.BRANCHES: before and after logprobs_mode,
+#9675, and the log-prob cap, #13520), which the adapter detects in the package itself. TensorRT-LLM
+needs a GPU and cannot be installed here: this checks our side of its API, not TensorRT-LLM itself
+(scripts/verify_gpu.sh does that)."""
 import sys
 import time
 
@@ -13,15 +15,16 @@ from fake_tensorrt_llm import Token
 from tritonfront.core import model_sources
 from tritonfront.engines import EngineConfig, EngineOutput, SamplingParams
 from tritonfront.engines.base import GuidedDecoding
-from tritonfront.engines.tensorrt_llm_releases import MAX_LOGPROBS_PER_TOKEN, RELEASE_LINES
+from tritonfront.engines.tensorrt_llm_releases import MAX_LOGPROBS_PER_TOKEN, RELEASE_LINES, detect_features
 from tritonfront.errors import InvalidInput
 
 EOS = 2
 CONFIG = EngineConfig(kv_cache_tokens=4096, max_batch_tokens=512)
+LATEST = "#9675"  # the branch most tests run on; those whose answer differs by branch run on each
 
 
-def start(monkeypatch, version: str = fake.VERSION):
-    for name, module in fake.modules(version).items():
+def start(monkeypatch, version: str = fake.VERSION, branch: str = LATEST, modules=None):
+    for name, module in (modules or fake.modules(version, *fake.BRANCHES[branch])).items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "unchanged")
     from tritonfront.engines.tensorrt_llm import TensorRTLLMEngine
@@ -33,6 +36,13 @@ def start(monkeypatch, version: str = fake.VERSION):
 def engine(monkeypatch):
     engine = start(monkeypatch)
     yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(params=list(fake.BRANCHES))
+def each_branch(monkeypatch, request):
+    engine = start(monkeypatch, branch=request.param)
+    yield request.param, engine
     engine.shutdown()
 
 
@@ -91,7 +101,32 @@ def test_the_fake_refuses_names_outside_the_manifest():
 def test_a_release_line_not_checked_is_refused_at_start(monkeypatch):
     with pytest.raises(ValueError, match=r"TensorRT-LLM 1\.3\.0 is not a release line .* \(1\.2\.x"):
         start(monkeypatch, "1.3.0")
-    start(monkeypatch, "1.2.0rc8").shutdown()
+    with pytest.raises(ValueError, match=r"TensorRT-LLM 1\.2\.0\.dev2025110400 is not a release or release "
+                                         r"candidate \(a development build"):
+        start(monkeypatch, "1.2.0.dev2025110400")
+    # Candidates and local builds of the line: what changed among them is detected, not assumed.
+    for version in ("1.2.0rc2", "1.2.0rc8", "1.2.1", "1.2.1+cu128"):
+        start(monkeypatch, version, branch="before #9675" if version == "1.2.0rc2" else LATEST).shutdown()
+
+
+@pytest.mark.parametrize("branch", list(fake.BRANCHES))
+def test_what_changed_inside_the_line_is_found_in_the_package(branch):
+    logprobs_mode, cap = fake.BRANCHES[branch]
+    features = detect_features(fake.modules("1.2.1", logprobs_mode, cap)["tensorrt_llm.sampling_params"])
+    assert (features.logprobs_mode, features.max_logprobs) == (logprobs_mode, cap)
+    assert features.logprobs_limit == (cap or MAX_LOGPROBS_PER_TOKEN)
+
+
+def test_a_release_without_a_field_the_adapter_passes_fails_at_start_naming_it(monkeypatch):
+    modules = fake.modules()
+    sampling = modules["tensorrt_llm.sampling_params"]
+    lacking = [name for name in fake.OBJECTS["SamplingParams"]["init"] if name != "detokenize"]
+    base = fake.dataclasses.make_dataclass("SamplingParams", [(n, object, fake.dataclasses.field(default=None))
+                                                              for n in lacking], kw_only=True)
+    sampling.SamplingParams = modules["tensorrt_llm"].SamplingParams = modules["tensorrt_llm.llmapi"].SamplingParams = base
+    with pytest.raises(RuntimeError, match=r"TensorRT-LLM 1\.2\.1's SamplingParams has no detokenize, which this "
+                                           r"adapter passes"):
+        start(monkeypatch, modules=modules)
 
 
 def test_greedy_leaves_sampling_unset_and_maps_no_feature_it_was_not_asked_for(engine):
@@ -110,9 +145,58 @@ def test_every_applied_feature_reaches_tensorrt_llms_sampling_params(engine):
     assert options == {"max_tokens": 8, "end_id": 7, "pad_id": 7, "detokenize": False, "stop_token_ids": [EOS],
                        "temperature": 0.5, "top_k": 40, "top_p": 1.0, "logprobs": 40,
                        "logprobs_mode": fake.LogprobMode.PROCESSED}
+    # Greedy: the model's log-softmax, RAW by name (PROCESSED is one-hot after greedy).
     greedy = engine._sampling(SamplingParams(max_tokens=8, return_log_probs=True)).kwargs
-    assert (greedy["logprobs"], greedy["logprobs_mode"]) == (1, fake.LogprobMode.PROCESSED)
+    assert (greedy["logprobs"], greedy["logprobs_mode"]) == (1, fake.LogprobMode.RAW)
     assert engine._sampling(SamplingParams(max_tokens=8, top_logprobs=5)).kwargs["logprobs"] == 5
+
+
+def test_greedy_log_probs_are_the_log_softmax_in_every_branch(each_branch):
+    branch, engine = each_branch
+    script = [([Token(5, {5: -0.5, 6: -1.5}, raw={5: -0.25, 6: -1.75})], None),
+              ([Token(6, {6: -0.1, 5: -3.0}, raw={6: -0.2, 5: -2.0})], "length")]
+    outputs = run(engine, [1, 2], SamplingParams(max_tokens=2, return_log_probs=True), script)
+    assert [value for output in outputs for value in output.log_probs] == [-0.25, -0.2]
+    sampling = engine._llm.requests[-1][1]
+    assert getattr(sampling, "logprobs_mode", None) == (None if branch == "before #9675" else fake.LogprobMode.RAW)
+
+
+def test_processed_log_probs_of_a_greedy_request_would_be_one_hot(monkeypatch):
+    """Why greedy asks for RAW: the fake, as TensorRT-LLM after #9675, gives 0.0 for PROCESSED."""
+    llm = fake.modules()["tensorrt_llm"].LLM()
+    llm.script = [([Token(5, {5: -0.5, 6: -1.5})], "length")]
+    sampling = fake.sampling_params_class()(max_tokens=1, logprobs=1, logprobs_mode=fake.LogprobMode.PROCESSED)
+    result = llm.generate_async([1], sampling_params=sampling, streaming=True)
+
+    async def first():
+        async for step in result:
+            return step.outputs[0].logprobs_diff[0][5].logprob
+
+    assert fake.asyncio.run(first()) == 0.0
+
+
+@pytest.mark.parametrize("branch", list(fake.BRANCHES))
+def test_sampled_log_probs_are_processed_or_refused_by_name(monkeypatch, branch):
+    engine = start(monkeypatch, branch=branch)
+    try:
+        params = SamplingParams(max_tokens=2, temperature=0.7, top_k=3, return_log_probs=True)
+        if branch == "before #9675":
+            with pytest.raises(InvalidInput) as error:
+                engine.check_params(params)
+            assert error.value.field == "return_log_probs" and "#9675" in str(error.value)
+            return
+        script = [([Token(6, {5: -0.5, 6: -1.0}, raw={5: -0.1, 6: -3.0})], "length")]
+        (output,) = run(engine, [1], params, script)
+        assert output.log_probs == [-1.0] and engine._llm.requests[-1][1].logprobs_mode == fake.LogprobMode.PROCESSED
+    finally:
+        engine.shutdown()
+
+
+def test_a_greedy_request_with_min_tokens_gets_no_log_probs_it_could_not_prove(engine):
+    with pytest.raises(InvalidInput) as error:
+        engine.check_params(SamplingParams(max_tokens=8, min_tokens=2, return_log_probs=True))
+    assert error.value.field == "return_log_probs" and "min_tokens" in str(error.value)
+    engine.check_params(SamplingParams(max_tokens=8, min_tokens=2))
 
 
 def test_min_tokens_is_refused_where_another_end_token_would_still_end_the_request(engine):
@@ -148,17 +232,30 @@ def test_the_fake_sampler_flags_a_field_it_would_ignore(name, value):
             [1], sampling_params=fake.SamplingParams(max_tokens=1, **{name: value}), streaming=True)
 
 
-def test_sampled_log_probs_need_a_top_k_that_bounds_the_sampled_tokens_rank(engine):
-    for params, field in ((SamplingParams(max_tokens=8, temperature=0.7, return_log_probs=True), "return_log_probs"),
-                          (SamplingParams(max_tokens=8, top_p=0.9, top_logprobs=2), "top_logprobs"),
-                          (SamplingParams(max_tokens=8, temperature=0.7, top_k=MAX_LOGPROBS_PER_TOKEN + 1,
-                                          return_log_probs=True), "return_log_probs")):
-        with pytest.raises(InvalidInput) as error:
-            engine.check_params(params)
-        assert error.value.field == field and f"top_k in 1..{MAX_LOGPROBS_PER_TOKEN}" in str(error.value)
-    engine.check_params(SamplingParams(max_tokens=8, temperature=0.7, top_k=MAX_LOGPROBS_PER_TOKEN,
-                                       return_log_probs=True))
-    engine.check_params(SamplingParams(max_tokens=8, top_p=0.9))  # no log probs: no limit
+@pytest.mark.parametrize("branch", ["#9675", "#9675 and #13520"])
+def test_sampled_log_probs_need_a_top_k_within_what_the_release_gives(monkeypatch, branch):
+    engine = start(monkeypatch, branch=branch)
+    limit = fake.BRANCHES[branch][1] or MAX_LOGPROBS_PER_TOKEN
+    try:
+        for params, field in ((SamplingParams(max_tokens=8, temperature=0.7, return_log_probs=True), "return_log_probs"),
+                              (SamplingParams(max_tokens=8, top_p=0.9, top_logprobs=2), "top_logprobs"),
+                              (SamplingParams(max_tokens=8, temperature=0.7, top_k=limit + 1,
+                                              return_log_probs=True), "return_log_probs")):
+            with pytest.raises(InvalidInput) as error:
+                engine.check_params(params)
+            assert error.value.field == field and f"top_k in 1..{limit}" in str(error.value)
+        # At the limit it passes, and the release takes it (the fake refuses more, as #13520 does).
+        at_limit = SamplingParams(max_tokens=1, temperature=0.7, top_k=limit, return_log_probs=True)
+        (output,) = run(engine, [1], at_limit, [([Token(5, {5: -0.5})], "length")])
+        assert output.error is None and engine._llm.requests[-1][1].logprobs == limit
+        engine.check_params(SamplingParams(max_tokens=8, top_p=0.9))  # no log probs: no limit
+    finally:
+        engine.shutdown()
+
+
+def test_the_fake_refuses_logprobs_over_the_cap_as_13520_does():
+    with pytest.raises(ValueError, match="less than or equal to 20"):
+        fake.sampling_params_class(True, 20)(max_tokens=1, logprobs=21)
 
 
 @pytest.mark.parametrize("guided, expected", [

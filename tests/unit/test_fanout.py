@@ -234,3 +234,62 @@ def test_top_logprobs_and_token_texts_on_request(setup):
     assert [column(out, "output_log_probs") for out in asked] == [[-0.5, -1.0], [-0.25]]
     plain = [out for handle, out, _ in triton.sent if handle == "plain"]
     assert not {"output_top_ids", "output_top_log_probs", "return_token_texts"} & set(plain[0])
+
+
+def test_an_llmapi_stream_carries_the_ids_so_far_with_its_prompt_and_finish_reason_only_when_asked(setup):
+    from tritonfront.core.generation_request import LLMAPIOutputs
+
+    engine, triton, loop = setup
+    asked = ResponseOptions(perf_metrics=True, llmapi=LLMAPIOutputs(finish_reason=True, stop_reason=True))
+    submit_group(loop, "asked", sequences(stream=True, options=asked))
+    submit_group(loop, "plain", sequences(stream=True, options=ResponseOptions(exclude_input=True,
+                                                                               llmapi=LLMAPIOutputs())))
+    run(engine, loop, [[(0, [100], False), (1, [100], False)], [(0, [101], True), (1, [101], True)]])
+    asked_out = [out for handle, out, _ in triton.sent if handle == "asked"]
+    plain_out = [out for handle, out, _ in triton.sent if handle == "plain"]
+    # The detokenizer decodes each chunk alone: all ids so far, no context, the prompt first.
+    assert [column(out, "output_ids") for out in asked_out] == [[100], [100, 101]]
+    assert [out["context_ids"].shape for out in asked_out] == [(1, 0), (1, 0)]
+    assert [column(out, "echo_ids") for out in asked_out] == [[5, 6, 7], [5, 6, 7]]
+    assert [column(out, "finish_reason") for out in asked_out] == [[b"None"], [b"length"]]
+    assert [column(out, "stop_reason_ids") for out in asked_out] == [[], []]
+    assert column(asked_out[-1], "kv_cache_missed_block") == [0] and column(asked_out[-1], "kv_cache_hit_rate") == [0]
+    assert [column(out, "output_ids") for out in plain_out] == [[100], [100, 101]]
+    assert not {"finish_reason", "echo_ids", "stop_reason_ids", "kv_cache_hit_rate"} & {
+        name for out in plain_out for name in out}
+
+
+def test_an_llmapi_sequence_ended_by_a_stop_word_names_its_ids():
+    from tritonfront.core.fanout import SequenceHandle, chunk_outputs, RequestGroup
+    from tritonfront.core.generation_request import LLMAPIOutputs
+
+    completion = Completion(3, stop_sequences=[[7, 8]])
+    (chunk,) = completion.on_tokens([100, 7, 8])
+    request = sequences(options=ResponseOptions(llmapi=LLMAPIOutputs(stop_reason=True)))[0]
+    outputs = chunk_outputs(SequenceHandle(RequestGroup("h", 1, 0), request), chunk)
+    assert column(outputs, "output_ids") == [100] and column(outputs, "stop_reason_ids") == [7, 8]
+
+
+def test_a_stop_request_posted_by_any_rank_cancels_the_llmapi_requests_of_its_id(tmp_path):
+    from tritonfront.core.generation_request import LLMAPIOutputs
+    from tritonfront.core.shared_tables import open_rows
+    from tritonfront.core.stop_requests import StopBoard
+
+    rows = open_rows(tmp_path / "stops", 2, 1 + 2 * 256)
+    engine, triton = Engine3(), TritonSide()
+    loop = GenerationLoop(engine, GroupResponder(triton, StopBoard(rows, 0)), stream_interval=1, poll_s=0,
+                          cancel_check_s=0)
+    llmapi = ResponseOptions(llmapi=LLMAPIOutputs(finish_reason=True))
+    submit_group(loop, "target", sequences(stream=True, options=llmapi), request_id="id-1")
+    submit_group(loop, "same id, generate contract", sequences(stream=True), request_id="id-1")
+    submit_group(loop, "other id", sequences(stream=True, options=llmapi), request_id="id-2")
+    run(engine, loop, [[(0, [100], False), (1, [100], False), (2, [100], False)]])
+    StopBoard(rows, 1).post("id-1")  # another rank took the stop request
+    loop.step()
+    finals = {handle: column(out, "finish_reason") for handle, out, final in triton.sent if final}
+    assert finals == {"target": [b"cancelled"]}
+    assert list(engine.cancelled) == [list(engine.added)[0]]
+    # A request of that id sent after the stop is not stopped by it.
+    submit_group(loop, "later", sequences(stream=True, options=llmapi), request_id="id-1")
+    run(engine, loop, [[(3, [100], False)]])
+    assert len(engine.cancelled) == 1

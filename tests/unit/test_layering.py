@@ -37,9 +37,9 @@ ROOMS = {"errors": 0, "threads": 0, "engines": 1, "core": 2, "triton": 3, **{pro
 CORE_LAYERS = [
     {"config_tensors"},
     {"inputs", "shared_tables", "padding", "chunk_packing", "ragged", "model_sources", "stopping", "rank_load", "trtllm_contract"},
-    {"tokenization", "encoding", "detokenization", "delivery", "balancing", "generation_request", "core_sharing",
+    {"encoding", "delivery", "balancing", "generation_request", "core_sharing", "llmapi_contract", "stop_requests",
      "server_stop"},
-    {"pooling", "generation_loop"},
+    {"tokenization", "detokenization", "pooling", "generation_loop", "llmapi_request"},
     {"fanout"},
     {"model_config"},
 ]

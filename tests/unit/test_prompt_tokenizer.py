@@ -60,3 +60,47 @@ def test_empty_stop_words_mean_none_as_for_tensorrt_llm_clients(tokenizers):
     assert np.array_equal(with_empty.stop_words_ids, without.stop_words_ids)
     none, = tokenizer.encode_prompts([PromptRequest("hi", stop_words=[""])])
     assert none.stop_words_ids.tolist() == [[[-1]]]
+
+
+def llmapi_batch(**inputs):
+    from tritonfront.core.tokenization import PromptBatch
+
+    arrays = {"llmapi_text_input": np.array([[inputs.pop("text", "The capital of France is").encode()]], dtype=object)}
+    for name, value in inputs.items():
+        arrays[name] = np.array([[v.encode() for v in value]], dtype=object) if isinstance(value, list) \
+            else np.array([[value]])
+    return PromptBatch.parse(arrays)
+
+
+def test_an_llmapi_prompt_is_one_raw_prompt_with_its_stop_strings_and_the_flag(tokenizers):
+    ours, reference = tokenizers
+    batch = llmapi_batch(sampling_param_stop=[" Paris", ""])
+    assert batch.llmapi and batch.prompts[0].stop_words == [" Paris"] and not batch.prompts[0].chat
+    (outputs,) = ours.respond([batch])
+    assert outputs["input_ids"].tolist() == [reference("The capital of France is").input_ids]
+    assert outputs["llmapi_request"].tolist() == [[True]]
+    assert "llmapi_request" not in ours.respond([generate_batch("x")])[0]
+
+
+def generate_batch(text):
+    from tritonfront.core.tokenization import PromptBatch
+
+    return PromptBatch.parse({"text_input": np.array([[text.encode()]], dtype=object)})
+
+
+def test_an_llmapi_stop_request_passes_its_empty_prompt_unchecked(tokenizers):
+    ours, _ = tokenizers
+    (outputs,) = ours.respond([llmapi_batch(text="", stop=True)])
+    assert outputs["input_ids"].shape == (1, 0) and outputs["input_lengths"].tolist() == [[0]]
+    (error,) = ours.respond([llmapi_batch(text="")])
+    assert str(error) == "text_input: is empty"
+
+
+def test_llmapi_errors_name_the_llmapi_inputs(tokenizers):
+    from tritonfront.core.tokenization import PromptBatch
+
+    ours, _ = tokenizers
+    (error,) = ours.respond([llmapi_batch(sampling_param_stop=["w"] * (MAX_STOP_WORDS + 1))])
+    assert str(error).startswith(f"sampling_param_stop: {MAX_STOP_WORDS + 1} words is over the limit")
+    with pytest.raises(InvalidInput, match=r"^text_input: holds 2 prompts; tensorrt_llm takes one"):
+        PromptBatch.parse({"llmapi_text_input": np.array([[b"a", b"b"]], dtype=object)})

@@ -2,7 +2,7 @@ import os
 
 from tritonfront.stubs import glue
 from tritonfront.triton import devices
-from tritonfront.core import balancing, model_sources, server_stop
+from tritonfront.core import balancing, llmapi_request, model_sources, server_stop
 from tritonfront.core.delivery import DeliveryTracker
 from tritonfront.core.detokenization import DETOKENIZER_WINDOW
 from tritonfront.engines import create_engine
@@ -10,6 +10,7 @@ from tritonfront.core.fanout import GroupResponder, submit_group
 from tritonfront.core.generation_loop import GenerationLoop
 from tritonfront.core.generation_request import SequenceRequest, parse_batch
 from tritonfront.core.rank_load import GaugeThread, Load, LoadMetrics, ModelLoadMetrics
+from tritonfront.core.stop_requests import StopBoard
 from tritonfront.stubs.server_metrics import PendingRequests
 
 
@@ -28,6 +29,8 @@ class TritonPythonModel:
             self.gate = balancing.BalancingGate(self.table, config.balancing_timeout_ms / 1000)
         delivery = DeliveryTracker.for_model(args["model_name"], rank, ranks, server_pid=os.getppid(),
                                              timeout_s=config.abandoned_stream_timeout_ms / 1000)
+        # Stop requests of the tensorrt_llm model reach any rank: every rank reads them all.
+        self.stops = StopBoard.for_model(args["model_name"], rank, ranks, server_pid=os.getppid())
         # Gauges follow the latest load from a thread of their own (GaugeThread says why); the
         # model's totals (no rank label) come from rank 0, out of the shared table.
         self.latest_load = Load()
@@ -39,7 +42,7 @@ class TritonPythonModel:
             updates.append(ModelLoadMetrics(self.table.live_loads, PendingRequests(args["model_name"], os.getppid()),
                                             self.model_metrics, self.engine.kv_cache_block_tokens()).update)
         self.gauges = GaugeThread(updates)
-        self.loop = GenerationLoop(engine=self.engine, responder=GroupResponder(glue.StreamResponder()),
+        self.loop = GenerationLoop(engine=self.engine, responder=GroupResponder(glue.StreamResponder(), self.stops),
                                    stream_interval=config.stream_interval, max_chunk_rate=config.max_chunk_rate,
                                    context_window=DETOKENIZER_WINDOW, on_load=self.publish, delivery=delivery,
                                    stopping=lambda: server_stop.stop_requested(os.getppid()),
@@ -62,13 +65,18 @@ class TritonPythonModel:
         return None
 
     def submit(self, handle, sequences: list[SequenceRequest]) -> None:
-        submit_group(self.loop, handle, sequences)
+        submit_group(self.loop, handle, sequences, request_id=handle[0].request_id())
 
     def parse(self, request) -> list[SequenceRequest]:
         """One SequenceRequest per sequence the request asks for (prompts times num_return_sequences),
         each checked by the engine (what it cannot honour, guides that do not compile) before any is
-        queued."""
-        sequences = parse_batch(glue.inputs(request), self.engine.vocab_size, self.engine.context_length,
+        queued; a request of the tensorrt_llm model by that model's contract (a stop request is
+        answered here: Cancelled)."""
+        inputs = glue.inputs(request)
+        if llmapi_request.follows_contract(inputs):
+            return llmapi_request.parse(inputs, request.request_id(), self.engine.vocab_size,
+                                        self.engine.context_length, self.engine.check_request, self.stops)
+        sequences = parse_batch(inputs, self.engine.vocab_size, self.engine.context_length,
                                 self.config.exclude_input_in_output == "true", self.config.default_max_tokens)
         for sequence in sequences:
             self.engine.check_request(sequence.params)

@@ -1,5 +1,5 @@
 from tritonfront.stubs import glue
-from tritonfront.core import model_sources, trtllm_contract
+from tritonfront.core import llmapi_contract, model_sources, trtllm_contract
 from tritonfront.core.tokenization import PromptBatch, PromptTokenizer
 
 
@@ -15,6 +15,9 @@ class TritonPythonModel:
 
     @staticmethod
     def parse(inputs, parameters) -> PromptBatch:
-        # generate's and ensemble's first step: a stray parameter fails the request before it runs.
-        trtllm_contract.check_request_parameters(parameters)
-        return PromptBatch.parse(inputs)
+        # The first step of generate, ensemble and tensorrt_llm: a stray parameter fails the request
+        # before it runs, checked against the contract the request follows.
+        batch = PromptBatch.parse(inputs)
+        contract = llmapi_contract if batch.llmapi else trtllm_contract
+        contract.check_request_parameters(parameters)
+        return batch

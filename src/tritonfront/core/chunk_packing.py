@@ -9,8 +9,8 @@ small tensors cost about twice one with a single tensor (/tmp measurements of an
 text (log probs, top alternatives, perf metrics) still travels as the contract's own tensors.
 
 Layout: HEADER fields, then the context ids, the echoed prompt ids and the new ids. The finish
-reason is a code (FINISH_REASONS); the delivery stamp (tritonfront.core.delivery) takes four
-fields.
+reason is a code (FINISH_REASONS), and so is how the client gets it (FINISH_REASON_OUTPUTS); the
+delivery stamp (tritonfront.core.delivery) takes four fields.
 """
 from dataclasses import dataclass
 from typing import Sequence
@@ -21,10 +21,15 @@ from ..errors import InvalidInput
 
 # The reasons a sequence ends, by code; 0: not final. One list, so both ends agree.
 FINISH_REASONS = ("", "stop", "length", "cancelled")
+# How the detokenizer hands the finish reason to the client, by code: as the generate contract
+# does (on every response, "" before the final one); not at all (a request of TensorRT-LLM's
+# LLM-API contract that did not ask for it, tritonfront.core.llmapi_contract); or as that contract
+# does on request (its "None" before the final response).
+FINISH_REASON_OUTPUTS = ("generate", "omitted", "llmapi")
 # Header fields, in order.
-HEADER = ("final", "finish_reason", "prompt_tokens", "completion_tokens", "batch_index", "sequence_index",
-          "several_sequences", "check_cancelled", "delivery_key", "delivery_rank", "delivery_slot", "delivery_serial",
-          "context_length", "echo_length")
+HEADER = ("final", "finish_reason", "finish_reason_output", "prompt_tokens", "completion_tokens", "batch_index",
+          "sequence_index", "several_sequences", "check_cancelled", "delivery_key", "delivery_rank", "delivery_slot",
+          "delivery_serial", "context_length", "echo_length")
 _INDEX = {name: i for i, name in enumerate(HEADER)}
 _HEAD = len(HEADER)
 
@@ -34,6 +39,7 @@ class PackedChunk:
     """One chunk, unpacked. Ids are Python ints: the detokenizer compares and hashes them."""
     final: bool
     finish_reason: str
+    finish_reason_output: str  # one of FINISH_REASON_OUTPUTS
     prompt_tokens: int
     completion_tokens: int
     batch_index: int
@@ -51,11 +57,12 @@ class PackedChunk:
 
 def pack(final: bool, finish_reason: str, prompt_tokens: int, completion_tokens: int, batch_index: int,
          sequence_index: int, several_sequences: bool, check_cancelled: bool, delivery: Sequence[int],
-         context_ids: Sequence[int], echo_ids: Sequence[int], output_ids: Sequence[int]) -> np.ndarray:
+         context_ids: Sequence[int], echo_ids: Sequence[int], output_ids: Sequence[int],
+         finish_reason_output: str = "generate") -> np.ndarray:
     """The `chunk` tensor of one response: [1, HEADER + ids]."""
-    header = [int(final), FINISH_REASONS.index(finish_reason), prompt_tokens, completion_tokens, batch_index,
-              sequence_index, int(several_sequences), int(check_cancelled), *delivery, len(context_ids),
-              len(echo_ids)]
+    header = [int(final), FINISH_REASONS.index(finish_reason), FINISH_REASON_OUTPUTS.index(finish_reason_output),
+              prompt_tokens, completion_tokens, batch_index, sequence_index, int(several_sequences),
+              int(check_cancelled), *delivery, len(context_ids), len(echo_ids)]
     return np.array([header + list(context_ids) + list(echo_ids) + list(output_ids)], dtype=np.int64)
 
 
@@ -66,11 +73,13 @@ def unpack(row: np.ndarray) -> PackedChunk:
         raise InvalidInput("chunk", f"{len(values)} values: a chunk has at least the {_HEAD} header fields")
     head, ids = values[:_HEAD], values[_HEAD:]
     context, echo = head[_INDEX["context_length"]], head[_INDEX["echo_length"]]
-    reason = head[_INDEX["finish_reason"]]
-    if context < 0 or echo < 0 or context + echo > len(ids) or not 0 <= reason < len(FINISH_REASONS):
+    reason, shown = head[_INDEX["finish_reason"]], head[_INDEX["finish_reason_output"]]
+    if context < 0 or echo < 0 or context + echo > len(ids) or not 0 <= reason < len(FINISH_REASONS) \
+            or not 0 <= shown < len(FINISH_REASON_OUTPUTS):
         raise InvalidInput("chunk", f"header {head} does not describe its {len(ids)} ids")
     key, rank, slot, serial = head[_INDEX["delivery_key"]:_INDEX["delivery_serial"] + 1]
-    return PackedChunk(bool(head[_INDEX["final"]]), FINISH_REASONS[reason], head[_INDEX["prompt_tokens"]],
-                       head[_INDEX["completion_tokens"]], head[_INDEX["batch_index"]], head[_INDEX["sequence_index"]],
-                       bool(head[_INDEX["several_sequences"]]), bool(head[_INDEX["check_cancelled"]]),
+    return PackedChunk(bool(head[_INDEX["final"]]), FINISH_REASONS[reason], FINISH_REASON_OUTPUTS[shown],
+                       head[_INDEX["prompt_tokens"]], head[_INDEX["completion_tokens"]], head[_INDEX["batch_index"]],
+                       head[_INDEX["sequence_index"]], bool(head[_INDEX["several_sequences"]]),
+                       bool(head[_INDEX["check_cancelled"]]),
                        (key, rank, slot, serial), ids[:context], ids[context:context + echo], ids[context + echo:])

@@ -3,7 +3,9 @@
 client's request or a step's outputs to a step's inputs or the client's response.
 
 From it come each model's `input` and `output` lists and, for an ensemble, its steps' input_map
-and output_map. They are written between two marker lines of each model's committed config.pbtxt
+and output_map. Two ensembles may run the same steps for two contracts (generate and
+tensorrt_llm_decoupled): such a step's config carries the tensors of both pipelines, each
+declared alike wherever both name it (merged_model). They are written between two marker lines of each model's committed config.pbtxt
 (BEGIN_MARKER ... END_MARKER); the lines around them (name, backend, batching, instance groups,
 parameters and the comments that say why) stay as written by hand, byte for byte. Triton loads
 the committed files as they are, so they stay complete configs; `python scripts/configure.py
@@ -12,9 +14,9 @@ the committed files as they are, so they stay complete configs; `python scripts/
 The text is written here rather than by protobuf's text_format, which drops comments.
 """
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 # Where a tensor comes from and goes to when no model of the pipeline sends or takes it.
 REQUEST = "request"  # the client's request: an input of the ensemble (or of the one model)
@@ -40,6 +42,17 @@ class PipelineTensor:
     optional: bool = False  # the sink may go without it (from the request: the ensemble too)
     source_note: str = ""  # the comment above it in the source's outputs (the ensemble's inputs)
     sink_note: str = ""  # the comment above it in the sink's inputs (the ensemble's outputs)
+    # A request's or a response's tensor whose ensemble (its client) names or shapes it otherwise
+    # than the step that takes or sends it: the ensemble's name and dims (empty: the step's). A
+    # contract whose names are not the steps' own (tritonfront.core.llmapi_contract) routes its
+    # tensors so; the steps read one name for one meaning.
+    ensemble_name: str = ""
+    ensemble_dims: Optional[tuple[int, ...]] = None
+
+    @property
+    def outer_name(self) -> str:
+        """The ensemble's name for it: its own for the request's and the response's tensors."""
+        return self.ensemble_name or self.name
 
 
 def _wrapped(text: str, width: int) -> list[str]:
@@ -130,6 +143,7 @@ class Pipeline:
         ends = {REQUEST: -1, **{step: index for index, step in enumerate(self.steps)}, RESPONSE: len(self.steps),
                 DIRECT: len(self.steps)}
         seen = set()
+        requested = {}  # the ensemble's input of each name, as the first tensor from the request declared it
         for tensor in self.tensors:
             where = f"{self.declared_in}: tensor {tensor.name!r} ({tensor.source} -> {tensor.sink})"
             if tensor.source not in ends or tensor.source in (RESPONSE, DIRECT):
@@ -142,17 +156,37 @@ class Pipeline:
                 raise ValueError(f"{where}: a step must take it after its source sends it")
             if tensor.optional and tensor.sink in (RESPONSE, DIRECT):
                 raise ValueError(f"{where}: only an input can be optional")
+            renamed = tensor.ensemble_name or tensor.ensemble_dims is not None
+            if renamed and (not self.ensemble or _between_steps(tensor) or tensor.sink == DIRECT):
+                raise ValueError(f"{where}: only an ensemble's request and response tensors have an ensemble name or "
+                                 "dims of their own")
             # A model has one output and one input of each name; the tensors between the ensemble's
-            # steps (`_<name>`) are one of each name too.
-            keys = ["the request's tensors" if tensor.source == REQUEST else f"the outputs of {tensor.source}"]
-            if tensor.sink != DIRECT:
-                keys.append("the response's tensors" if tensor.sink == RESPONSE else f"the inputs of {tensor.sink}")
+            # steps (`_<name>`) are one of each name too. One input of the ensemble may go to
+            # several steps, declared alike for each.
+            keys = [] if tensor.source == REQUEST else [(f"the outputs of {tensor.source}", tensor.name)]
+            if tensor.source == REQUEST:
+                outer = replace(self._outer(tensor), note="")
+                if requested.setdefault(outer.name, outer) != outer:
+                    raise ValueError(f"{where}: declared twice among the request's tensors, with another type, shape "
+                                     "or optional flag")
+            if tensor.sink == RESPONSE:
+                keys.append(("the response's tensors", tensor.outer_name))
+            elif tensor.sink != DIRECT:
+                keys.append((f"the inputs of {tensor.sink}", tensor.name))
             if _between_steps(tensor):
-                keys.append("the tensors between the ensemble's steps")
+                keys.append(("the tensors between the ensemble's steps", tensor.name))
             for key in keys:
-                if (key, tensor.name) in seen:
-                    raise ValueError(f"{where}: declared twice among {key}")
-                seen.add((key, tensor.name))
+                if key in seen:
+                    raise ValueError(f"{where}: declared twice among {key[0]}")
+                seen.add(key)
+
+    @staticmethod
+    def _outer(tensor: PipelineTensor) -> ConfigTensor:
+        """The tensor as the ensemble lists it: a request's as its input, a response's as its output."""
+        dims = tensor.dims if tensor.ensemble_dims is None else tensor.ensemble_dims
+        if tensor.source == REQUEST:
+            return ConfigTensor(tensor.outer_name, tensor.dtype, dims, tensor.optional, note=tensor.source_note)
+        return ConfigTensor(tensor.outer_name, tensor.dtype, dims, note=tensor.sink_note)
 
     def _ragged(self, tensor: PipelineTensor) -> bool:
         return self.ragged_batches and -1 in tensor.dims
@@ -187,19 +221,55 @@ class Pipeline:
             sources = {t.name: _ensemble_name(t) for t in self.tensors if t.source == step and t.sink != DIRECT}
             steps.append(EnsembleStep(step, tuple((i.name, sinks[i.name]) for i in model.inputs),
                                       tuple((o.name, sources[o.name]) for o in model.outputs if o.name in sources)))
+        inputs = {}
+        for tensor in self.tensors:
+            if tensor.source == REQUEST:
+                inputs.setdefault(tensor.outer_name, self._outer(tensor))  # once, however many steps take it
         return ModelTensors(
-            inputs=tuple(ConfigTensor(t.name, t.dtype, t.dims, t.optional, note=t.source_note)
-                         for t in self.tensors if t.source == REQUEST),
-            outputs=tuple(ConfigTensor(t.name, t.dtype, t.dims, note=t.sink_note)
-                          for t in self.tensors if t.sink == RESPONSE),
+            inputs=tuple(inputs.values()),
+            outputs=tuple(self._outer(t) for t in self.tensors if t.sink == RESPONSE),
             steps=tuple(steps))
 
     def region(self, model: str) -> str:
         """The lines written into `model`'s config.pbtxt, markers included."""
-        head = (f"{BEGIN_MARKER[2:]} by `{COMMAND}` from {self.declared_in}: edit it there, not the lines up to "
-                "END GENERATED (a unit test compares them).")
-        marker = "".join(f"# {line}\n" for line in _wrapped(head, WIDTH - 2))
-        return marker + self.models[model].text() + f"{END_MARKER}\n"
+        return marked_region([self.declared_in], self.models[model])
+
+
+def marked_region(declared_in: Sequence[str], tensors: ModelTensors) -> str:
+    """A model's generated lines, markers included, naming the declarations they come from."""
+    head = (f"{BEGIN_MARKER[2:]} by `{COMMAND}` from {' and '.join(declared_in)}: edit it there, not the lines up "
+            "to END GENERATED (a unit test compares them).")
+    marker = "".join(f"# {line}\n" for line in _wrapped(head, WIDTH - 2))
+    return marker + tensors.text() + f"{END_MARKER}\n"
+
+
+def merged_model(model: str, pipelines: Sequence[Pipeline]) -> ModelTensors:
+    """The tensors of a step that several pipelines run: its inputs and outputs in the first
+    pipeline's order, then what each later one adds. A tensor both name must be declared alike
+    (type, shape, optional, ragged; a comment from either), and an input one of them requires must
+    be one every ensemble that runs the step sends it."""
+    where = f"model {model!r} (a step of {' and '.join(p.declared_in for p in pipelines)})"
+    if any(p.ensemble == model for p in pipelines):
+        raise ValueError(f"{where}: an ensemble is written by one declaration")
+    views = [p.models[model] for p in pipelines]
+
+    def merge(kind: str, lists: list[tuple[ConfigTensor, ...]]) -> tuple[ConfigTensor, ...]:
+        merged: dict[str, ConfigTensor] = {}
+        for tensors in lists:
+            for tensor in tensors:
+                first = merged.setdefault(tensor.name, tensor)
+                if replace(first, note="") != replace(tensor, note=""):
+                    raise ValueError(f"{where}: {kind} {tensor.name!r} is declared differently: {first} and {tensor}")
+                if not first.note and tensor.note:
+                    merged[tensor.name] = tensor
+        return tuple(merged.values())
+
+    inputs = merge("input", [view.inputs for view in views])
+    for tensor in inputs:
+        lacking = [p.declared_in for p, view in zip(pipelines, views) if tensor.name not in {i.name for i in view.inputs}]
+        if not tensor.optional and lacking:
+            raise ValueError(f"{where}: input {tensor.name!r} is required, and {' and '.join(lacking)} never sends it")
+    return ModelTensors(inputs, merge("output", [view.outputs for view in views]))
 
 
 # Why every_input_to's step takes the whole request: Triton 2.51 checks only how many inputs a
@@ -218,8 +288,9 @@ def _between_steps(tensor: PipelineTensor) -> bool:
 
 
 def _ensemble_name(tensor: PipelineTensor) -> str:
-    """The ensemble's name for the tensor: its own for the request's and the response's."""
-    return f"_{tensor.name}" if _between_steps(tensor) else tensor.name
+    """The ensemble's name for the tensor: `_<name>` between steps, the ensemble's own for the
+    request's and the response's."""
+    return f"_{tensor.name}" if _between_steps(tensor) else tensor.outer_name
 
 
 def splice(path: Path, text: str, region: str) -> str:
@@ -245,15 +316,20 @@ def config_file(root: Path, repositories: Iterable[str], model: str) -> Path:
 
 
 def generated_files(root: Path, repositories: Iterable[str], pipelines: Iterable[Pipeline]) -> dict[Path, str]:
-    """Each committed config.pbtxt the pipelines write, and its text as they write it."""
+    """Each committed config.pbtxt the pipelines write, and its text as they write it (a step that
+    several pipelines run: merged_model)."""
     repositories = tuple(repositories)
-    files = {}
+    writers: dict[str, list[Pipeline]] = {}
     for pipeline in pipelines:
         for model in pipeline.models:
-            path = config_file(root, repositories, model)
-            if path in files:
-                raise ValueError(f"{path}: written by two declarations")
-            files[path] = splice(path, path.read_text(), pipeline.region(model))
+            writers.setdefault(model, []).append(pipeline)
+    files = {}
+    for model, declared_by in writers.items():
+        path = config_file(root, repositories, model)
+        if path in files:
+            raise ValueError(f"{path}: written for two models")
+        tensors = declared_by[0].models[model] if len(declared_by) == 1 else merged_model(model, declared_by)
+        files[path] = splice(path, path.read_text(), marked_region([p.declared_in for p in declared_by], tensors))
     return files
 
 

@@ -59,6 +59,7 @@ import numpy as np
 from ..errors import InvalidInput
 from .inputs import Inputs, required
 from .chunk_packing import PackedChunk, unpack
+from .llmapi_contract import NONE_TEXT, STOP_REASON_IDS, UNMEASURED_OUTPUTS
 from .trtllm_contract import REQUESTED_PASSED, TOKEN_TEXTS_FLAG, TOP_LOG_PROB_OUTPUTS
 
 DETOKENIZER_WINDOW = 8
@@ -80,8 +81,9 @@ class DetokenizerChunk:
 
 
 # Inputs the `detokenizer` passes on to the client unchanged when the llm sends them (what a
-# request asked for beside text); the fields every chunk has come packed (core/chunk_packing.py).
-OPTIONALLY_PASSED = (*REQUESTED_PASSED, *TOP_LOG_PROB_OUTPUTS)
+# request asked for beside text, and the LLM-API contract's perf metrics that only it has); the
+# fields every chunk has come packed (core/chunk_packing.py).
+OPTIONALLY_PASSED = (*REQUESTED_PASSED, *TOP_LOG_PROB_OUTPUTS, *UNMEASURED_OUTPUTS)
 
 
 @dataclass
@@ -97,6 +99,9 @@ class DetokenizeRequest:
     # must get every step's response, but refused to the llm, which frees the stream.
     cancelled: bool = False
     packed: list[PackedChunk] = field(default_factory=list)  # the rows as the llm sent them
+    # Per row, the ids of the stop word that ended an LLM-API sequence (empty: none), to decode
+    # into stop_reason; None when the request did not ask for it.
+    stop_reason_ids: Optional[list[list[int]]] = None
 
     @classmethod
     def parse(cls, inputs: Inputs, is_cancelled: Callable[[], bool] = lambda: False) -> "DetokenizeRequest":
@@ -109,26 +114,35 @@ class DetokenizeRequest:
         chunks = [DetokenizerChunk(chunk.context_ids, chunk.echo_ids + chunk.output_ids, chunk.final)
                   for chunk in packed]
         flag = inputs.get(TOKEN_TEXTS_FLAG)
+        stop_ids = inputs.get(STOP_REASON_IDS)
+        stop_reason_ids = None if stop_ids is None else [[int(i) for i in row if i >= 0] for row in stop_ids]
         return cls(chunks, {name: inputs[name] for name in OPTIONALLY_PASSED if name in inputs},
                    [len(chunk.echo_ids) for chunk in packed], flag is not None and bool(flag.any()),
-                   inputs.get("output_top_ids"), cancelled, packed)
+                   inputs.get("output_top_ids"), cancelled, packed, stop_reason_ids)
 
     def deliveries(self) -> np.ndarray:
         """[rows, 4] the llm's stamps, to acknowledge once decoded."""
         return np.array([chunk.delivery for chunk in self.packed], dtype=np.int64).reshape(-1, 4)
 
     def chunk_outputs(self) -> dict[str, np.ndarray]:
-        """The fields of the packed chunks the client gets: finish_reason and the token counts
-        always, batch_index and sequence_index when the request has several sequences (as
-        TensorRT-LLM sends them only for batched requests and num_return_sequences > 1)."""
+        """The fields of the packed chunks the client gets: the token counts always; finish_reason
+        as the chunk's header says (always for the generate contract, only on request and "None"
+        before the end for the LLM-API contract's); batch_index and sequence_index when the request
+        has several sequences (as TensorRT-LLM sends them only for batched requests and
+        num_return_sequences > 1)."""
         packed = self.packed
         if not packed:
             return {}
         outputs = {
-            "finish_reason": np.array([[chunk.finish_reason.encode()] for chunk in packed], dtype=np.object_),
             "prompt_tokens": np.array([[chunk.prompt_tokens] for chunk in packed], dtype=np.int32),
             "completion_tokens": np.array([[chunk.completion_tokens] for chunk in packed], dtype=np.int32),
         }
+        # A request's rows all come from one contract; the first row's header speaks for them.
+        shown = packed[0].finish_reason_output
+        if shown != "omitted":
+            none = NONE_TEXT if shown == "llmapi" else ""
+            outputs["finish_reason"] = np.array([[(chunk.finish_reason or none).encode()] for chunk in packed],
+                                                dtype=np.object_)
         if any(chunk.several_sequences for chunk in packed):
             outputs["batch_index"] = np.array([[chunk.batch_index] for chunk in packed], dtype=np.int32)
             outputs["sequence_index"] = np.array([[chunk.sequence_index] for chunk in packed], dtype=np.int32)
@@ -426,6 +440,14 @@ class StreamDetokenizer:
                 outputs["output_top_texts"][r, 0, i, j] = share
         return outputs
 
+    def stop_reasons(self, stop_ids: Sequence[Sequence[int]]) -> np.ndarray:
+        """stop_reason ([rows, 1]): the stop word each row's ids decode to, with its special tokens,
+        or NVIDIA's "None" where no stop word ended the sequence."""
+        for row in stop_ids:
+            self.check_ids(np.asarray(row, dtype=np.int64), STOP_REASON_IDS)
+        texts = [self._fast.decode(list(row), skip_special_tokens=False) if row else NONE_TEXT for row in stop_ids]
+        return np.array([[text.encode("utf-8")] for text in texts], dtype=np.object_)
+
     def detokenize_requests(self, requests: Sequence[Sequence[DetokenizerChunk]]) -> list:
         """Per request (a list of chunks), its texts or the InvalidInput it earned; one decode
         call for every chunk of every valid request."""
@@ -459,7 +481,9 @@ class StreamDetokenizer:
                 outputs.append(texts)
                 continue
             try:
-                per_token = self.per_token_outputs(request)
+                added = self.per_token_outputs(request)
+                if request.stop_reason_ids is not None:
+                    added["stop_reason"] = self.stop_reasons(request.stop_reason_ids)
             except InvalidInput as error:
                 outputs.append(error)
                 continue
@@ -467,5 +491,5 @@ class StreamDetokenizer:
             # One string per row without a further dimension, as TensorRT-LLM's postprocessing
             # sends text_output (its clients read output[0]).
             outputs.append({"text_output": np.array([text.encode("utf-8") for text in texts], dtype=np.object_),
-                            **request.chunk_outputs(), **request.passed_through, **per_token})
+                            **request.chunk_outputs(), **request.passed_through, **added})
         return outputs

@@ -63,6 +63,7 @@ class LLMChunk:
     top_log_probs: list[Sequence[tuple[int, float]]] = field(default_factory=list)
     first_token_ns: int = 0  # time.time_ns() when the request's first token came from the engine; 0: none yet
     last_token_ns: int = 0  # ... and its latest
+    stop_sequence: tuple = ()  # on the final chunk: the ids of the stop sequence that ended it, if one did
 
     def tensors(self) -> dict[str, np.ndarray]:
         """The `llm` model's outputs for this chunk to a client that calls it directly, with the
@@ -106,6 +107,7 @@ class Completion:
         self._pending_log_probs: list[tuple[float, Sequence]] = []
         self._held_log_probs: list[tuple[float, Sequence]] = []
         self.first_token_ns = self.last_token_ns = 0
+        self.stop_sequence: tuple = ()
 
     @property
     def finished(self) -> bool:
@@ -166,6 +168,7 @@ class Completion:
             self._held_log_probs = held[len(released):] if not matched else []
             if matched:
                 self.finish_reason = FINISH_STOP
+                self.stop_sequence = self._matcher.matched
 
     @property
     def holding(self) -> bool:
@@ -208,7 +211,8 @@ class Completion:
         self._sent += len(ids)
         return LLMChunk(ids, context, final, self.finish_reason if final else "", self.prompt_tokens, self._sent,
                         log_probs=[log_prob for log_prob, _ in scores], top_log_probs=[top for _, top in scores],
-                        first_token_ns=self.first_token_ns, last_token_ns=self.last_token_ns)
+                        first_token_ns=self.first_token_ns, last_token_ns=self.last_token_ns,
+                        stop_sequence=self.stop_sequence if final else ())
 
 
 class Responder(Protocol):

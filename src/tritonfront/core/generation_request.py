@@ -24,6 +24,15 @@ from .trtllm_contract import ALIASES, MAX_RETURN_SEQUENCES, MAX_SEQUENCES_PER_RE
 
 
 @dataclass(frozen=True)
+class LLMAPIOutputs:
+    """What a request of the LLM-API contract (tritonfront.core.llmapi_request) asked its responses
+    to carry beside text_output, which is the text so far when streamed."""
+
+    finish_reason: bool = False
+    stop_reason: bool = False
+
+
+@dataclass(frozen=True)
 class ResponseOptions:
     """What a sequence's responses carry beside its text (TensorRT-LLM's output switches)."""
 
@@ -34,6 +43,7 @@ class ResponseOptions:
     perf_metrics: bool = False
     num_input_tokens: bool = False
     num_output_tokens: bool = False
+    llmapi: Optional[LLMAPIOutputs] = None  # set for the LLM-API contract's requests
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from . import model_sources
 from .balancing import BALANCING_MODES
 from ..engines import ATTENTIONS, DTYPES, ENGINES, EngineConfig
 from ..errors import ConfigError
+from .llmapi_contract import DECOUPLED_MODEL_NAME
 from .tokenization import DEFAULT_MAX_TEXT_BYTES
 
 # Set by tritonfront.watchdog to make Triton reload an unchanged model; it means nothing to a model.
@@ -78,6 +79,7 @@ class Config:
 
     DECOUPLED: ClassVar[bool] = False  # responses from a sender (True) or returned by execute
     NO_BATCHER: ClassVar[bool] = False  # dynamic_batching must be absent
+    BATCHED: ClassVar[bool] = True  # tensors carry a leading batch dimension (max_batch_size >= 1), or none (0)
 
 
 @dataclass(frozen=True)
@@ -214,8 +216,22 @@ class DetokenizerConfig(Config):
     model_source: str = _model_source("llm")
 
 
+@dataclass(frozen=True)
+class LLMAPIConfig(Config):
+    """The `tensorrt_llm` model: TensorRT-LLM's LLM-API contract without its batch dimension, not
+    decoupled (tritonfront.core.llmapi_contract), answering each request through the decoupled model."""
+    BATCHED: ClassVar[bool] = False
+    NO_BATCHER: ClassVar[bool] = True  # nothing to batch: each request is handed on at once
+
+    decoupled_model: str = _parameter(DECOUPLED_MODEL_NAME, "the decoupled model of the same contract that answers "
+                                                            "each request")
+    max_in_flight: int = _parameter(1024, "requests handed on at once; more wait their turn in this model",
+                                    minimum=1)
+
+
 CONFIGS: dict[str, type] = {"tokenizer": TokenizerConfig, "encoder": EncoderConfig, "pooler": PoolerConfig,
-                            "llm_tokenizer": LLMTokenizerConfig, "llm": LLMConfig, "detokenizer": DetokenizerConfig}
+                            "llm_tokenizer": LLMTokenizerConfig, "llm": LLMConfig, "detokenizer": DetokenizerConfig,
+                            "tensorrt_llm": LLMAPIConfig}
 
 PARAMETERS: dict[str, dict[str, Parameter]] = {
     kind: {f.name: Parameter(f.name, f.type, f.default, f.metadata["help"], f.metadata["choices"], f.metadata["minimum"])
@@ -259,9 +275,12 @@ def from_model_config(kind: str, model_config: Mapping[str, Any]) -> Config:
 
 
 def _check_structure(name: str, config_class: type, model_config: Mapping[str, Any]) -> None:
-    # Every model reads and writes tensors with a leading batch dimension.
-    if int(model_config.get("max_batch_size", 0)) < 1:
+    # A model reads and writes tensors with a leading batch dimension, or (BATCHED False) without.
+    max_batch_size = int(model_config.get("max_batch_size", 0))
+    if config_class.BATCHED and max_batch_size < 1:
         raise ConfigError(f"model {name}: max_batch_size must be >= 1 (inputs and outputs carry a batch dimension)")
+    if not config_class.BATCHED and max_batch_size != 0:
+        raise ConfigError(f"model {name}: max_batch_size must be 0 (inputs and outputs carry no batch dimension)")
     decoupled = bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
     if decoupled != config_class.DECOUPLED:
         why = ("its engine thread sends each request's responses" if config_class.DECOUPLED

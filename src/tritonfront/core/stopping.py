@@ -17,6 +17,7 @@ class StopMatcher:
         self._complete = {tuple(s) for s in stop_sequences if len(s)}
         self._prefixes = {s[:i] for s in self._complete for i in range(1, len(s))}
         self.held: list[int] = []
+        self.matched: tuple[int, ...] = ()  # the stop sequence that completed, once one did
 
     def push(self, token: int) -> tuple[list[int], bool]:
         """(tokens now safe to send, whether a stop sequence just completed). After a match the
@@ -27,6 +28,7 @@ class StopMatcher:
         for start in range(len(tail)):
             if tuple(tail[start:]) in self._complete:
                 self.held = []
+                self.matched = tuple(tail[start:])
                 return tail[:start], True
         for start in range(len(tail)):
             if tuple(tail[start:]) in self._prefixes:

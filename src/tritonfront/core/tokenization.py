@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import InvalidInput
 from .inputs import Inputs, decode_texts, row_scalar, scalar, strings
 from .padding import pad
+from .llmapi_contract import LLMAPI_FLAG, client_error
 from .trtllm_contract import MAX_WORDS
 
 DEFAULT_MAX_TEXT_BYTES = 64 * 1024
@@ -156,6 +157,9 @@ class PromptRequest:
     chat: bool = False  # wrap the text as one user message through the model's chat template
     stop_words: Sequence[str] = ()
     bad_words: Sequence[str] = ()
+    # A stop request of the LLM-API contract (tritonfront.core.llmapi_contract): it carries no prompt
+    # to check (NVIDIA's client sends an empty one); the llm answers it without reading the ids.
+    stop: bool = False
 
     def __post_init__(self):
         # TensorRT-LLM's clients send stop_words "" to mean none: empty words are no words.
@@ -180,17 +184,34 @@ def _word_rows(inputs: Inputs, name: str, rows: int) -> list[list[str]]:
 @dataclass
 class PromptBatch:
     """An `llm_tokenizer` request: one prompt per row of text_input (TensorRT-LLM's batched
-    requests), each with its row of apply_chat_template, stop_words and bad_words."""
+    requests), each with its row of apply_chat_template, stop_words and bad_words; or, from the
+    `tensorrt_llm` model (`llmapi`), its one prompt (llmapi_text_input) and sampling_param_stop."""
 
     prompts: list[PromptRequest]
+    llmapi: bool = False
 
     @classmethod
     def parse(cls, inputs: Inputs) -> "PromptBatch":
+        if "llmapi_text_input" in inputs:
+            return cls._parse_llmapi(inputs)
         texts = strings(inputs, "text_input")
         rows = len(texts)
         stop_words, bad_words = _word_rows(inputs, "stop_words", rows), _word_rows(inputs, "bad_words", rows)
         return cls([PromptRequest(text, bool(row_scalar(inputs, "apply_chat_template", row, rows, False)),
                                   stop_words[row], bad_words[row]) for row, text in enumerate(texts)])
+
+    @classmethod
+    def _parse_llmapi(cls, inputs: Inputs) -> "PromptBatch":
+        """The LLM-API contract's request: its errors name that contract's inputs."""
+        if "text_input" in inputs:
+            raise InvalidInput("text_input", "is sent twice: as text_input and as llmapi_text_input")
+        texts = decode_texts(inputs["llmapi_text_input"].reshape(-1), "text_input")
+        if len(texts) != 1:
+            # NVIDIA's model reads the first item and drops the rest without a word.
+            raise InvalidInput("text_input", f"holds {len(texts)} prompts; tensorrt_llm takes one per request")
+        words = _word_rows(inputs, "sampling_param_stop", 1)[0]
+        stop = bool(scalar(inputs, "stop", False))
+        return cls([PromptRequest(texts[0], stop_words=words, stop=stop)], llmapi=True)
 
 
 @dataclass
@@ -252,6 +273,10 @@ class PromptTokenizer(BatchTokenizer):
         plans = []
         for r, request in enumerate(requests):
             try:
+                if request.stop:
+                    plans.append((r, True, len(texts[True]), len(texts[False]), 0, 0))
+                    texts[True].append(request.text)
+                    continue
                 if not request.text:
                     raise InvalidInput("text_input", "is empty")
                 self.check_text_sizes([request.text])
@@ -272,6 +297,9 @@ class PromptTokenizer(BatchTokenizer):
                    for special, group in texts.items()}
         for r, raw, index, start, stops, bads in plans:
             words = [encoded[False][i].ids for i in range(start, start + stops + bads)]
+            if requests[r].stop:
+                results[r] = TokenizedPrompt(encoded[raw][index].ids, [])
+                continue
             try:
                 results[r] = self._pack_prompt(encoded[raw][index].ids, words[:stops], words[stops:])
             except InvalidInput as error:
@@ -289,7 +317,9 @@ class PromptTokenizer(BatchTokenizer):
             start += len(batch.prompts)
             errors = [(row, result) for row, result in enumerate(prompts) if isinstance(result, InvalidInput)]
             if not errors:
-                results.append(_batch_outputs(prompts))
+                results.append(_batch_outputs(prompts, batch.llmapi))
+            elif batch.llmapi:
+                results.append(client_error(errors[0][1]))
             elif len(prompts) == 1:
                 results.append(errors[0][1])
             else:
@@ -321,17 +351,20 @@ def _word_list(rows: Sequence[Sequence[Sequence[int]]]) -> np.ndarray:
     return out
 
 
-def _batch_outputs(prompts: Sequence[TokenizedPrompt]) -> dict[str, np.ndarray]:
+def _batch_outputs(prompts: Sequence[TokenizedPrompt], llmapi: bool = False) -> dict[str, np.ndarray]:
     """The `llm_tokenizer` outputs of a request's prompts, one row each: input_ids right-padded with
     0 (input_lengths says where each ends), word lists as _word_list makes them, bad_words_ids only
     when a prompt has bad words. delivery_acknowledged is always true (why: its comment in
-    model_repository/llm_tokenizer/config.pbtxt)."""
+    model_repository/llm_tokenizer/config.pbtxt); llmapi_request (true) only for the LLM-API
+    contract's requests."""
     outputs = {"input_ids": pad([p.ids for p in prompts], fill=0, dtype=np.int32),
                "input_lengths": np.array([[len(p.ids)] for p in prompts], dtype=np.int32),
                "stop_words_ids": _word_list([p.stop_words for p in prompts])}
     if any(p.bad_words for p in prompts):
         outputs["bad_words_ids"] = _word_list([p.bad_words for p in prompts])
     outputs["delivery_acknowledged"] = np.ones((len(prompts), 1), dtype=bool)
+    if llmapi:
+        outputs[LLMAPI_FLAG] = np.ones((len(prompts), 1), dtype=bool)
     return outputs
 
 

@@ -5,7 +5,10 @@ NOT RUN HERE: TensorRT-LLM cannot be installed or run where this project is buil
 name used below is in tensorrt_llm_api.json, transcribed from TensorRT-LLM's sources
 (tests/unit/test_tensorrt_llm_api.py fails on a name outside it; scripts/verify_gpu.sh checks the
 manifest against an installed TensorRT-LLM). What a release line does with a request is in
-tensorrt_llm_releases.py, read once at start-up from tensorrt_llm.__version__.
+tensorrt_llm_releases.py, read once at start-up from tensorrt_llm.__version__; what changed inside a
+line (processed log probs, a cap on log probs) is detected in the installed package itself
+(tensorrt_llm_releases.detect_features), and every SamplingParams field this adapter passes is
+checked there before the engine starts.
 
 The LLM takes prompts as ids and a Hugging Face folder; prefill is chunked (enable_chunked_prefill)
 with max_num_tokens as the chunk budget of one forward pass, so a prompt longer than that budget is
@@ -21,6 +24,7 @@ xgrammar as TensorRT-LLM does, so a malformed one is the client's INVALID_ARG be
 the engine.
 """
 import asyncio
+import dataclasses
 import json
 import os
 import queue
@@ -31,7 +35,23 @@ from typing import Optional, Sequence
 from ..errors import InvalidInput
 from .base import Engine, EngineConfig, EngineOutput, SamplingParams
 from .guided import GuideCompiler, check_guide
-from .tensorrt_llm_releases import MAX_LOGPROBS_PER_TOKEN, ReleaseLine, release_line
+from .tensorrt_llm_releases import (PROCESSED_LOGPROBS, RAW_LOGPROBS, Features, ReleaseLine, detect_features,
+                                    release_line)
+
+# Every SamplingParams field _sampling may pass, but logprobs_mode (passed where the release has it:
+# Features.logprobs_mode). Checked against the installed SamplingParams before the engine starts, so a
+# release candidate without one fails loading, naming it, instead of failing each request using it.
+SAMPLING_FIELDS = ("max_tokens", "end_id", "pad_id", "detokenize", "stop_token_ids", "temperature", "top_k", "top_p",
+                   "min_tokens", "logprobs", "guided_decoding")
+
+
+def check_sampling_fields(sampling_params_class, version: str) -> None:
+    """Raises RuntimeError naming the fields this adapter passes that the installed SamplingParams lacks."""
+    fields = {field.name for field in dataclasses.fields(sampling_params_class) if field.init}
+    missing = [name for name in SAMPLING_FIELDS if name not in fields]
+    if missing:
+        raise RuntimeError(f"engine tensorrt_llm: TensorRT-LLM {version}'s SamplingParams has no {', '.join(missing)}, "
+                           f"which this adapter passes (docs/tensorrt_llm.md)")
 
 
 def _model_facts(model_dir: Path) -> tuple[int, int, set[int]]:
@@ -86,11 +106,15 @@ _ASKS_FOR = {
 
 
 class TensorRTLLMEngine(Engine):
-    def __init__(self, llm, release: ReleaseLine, logprobs_mode, context_length: int, vocab_size: int,
-                 eos_token_ids: set[int], tokenizer_dir: Optional[Path] = None):
+    def __init__(self, llm, release: ReleaseLine, features: Features, logprob_modes: dict, context_length: int,
+                 vocab_size: int, eos_token_ids: set[int], tokenizer_dir: Optional[Path] = None, version: str = ""):
         self._llm = llm
         self._release = release
-        self._logprobs_mode = logprobs_mode  # tensorrt_llm's LogprobMode for the processed distribution
+        self._features = features
+        # tensorrt_llm's LogprobMode members by name (RAW_LOGPROBS, PROCESSED_LOGPROBS); empty where the
+        # release has none (features.logprobs_mode).
+        self._logprob_modes = logprob_modes
+        self._version = version or release.checked_against
         self._guides = GuideCompiler(tokenizer_dir, vocab_size, eos_token_ids) if tokenizer_dir else None
         self.context_length = context_length
         self.vocab_size = vocab_size
@@ -111,11 +135,16 @@ class TensorRTLLMEngine(Engine):
         # TensorRT-LLM (or its worker processes) initialise CUDA.
         os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
         import tensorrt_llm
-        from tensorrt_llm import LLM
+        from tensorrt_llm import LLM, sampling_params
         from tensorrt_llm.llmapi import KvCacheConfig
-        from tensorrt_llm.sampling_params import LogprobMode
 
-        release = release_line(tensorrt_llm.__version__)
+        version = tensorrt_llm.__version__
+        release = release_line(version)
+        features = detect_features(sampling_params)
+        check_sampling_fields(sampling_params.SamplingParams, version)
+        modes = {}
+        if features.logprobs_mode:
+            modes = {name: sampling_params.LogprobMode[name] for name in (RAW_LOGPROBS, PROCESSED_LOGPROBS)}
         context_length, vocab_size, eos = _model_facts(model_dir)
         kv_cache = KvCacheConfig(max_tokens=config.kv_cache_tokens or None)
         # The tokenizer is loaded (prompts still arrive as ids, outputs leave as ids) because
@@ -126,28 +155,43 @@ class TensorRTLLMEngine(Engine):
                   sampler_type=release.sampler_type)
         if config.kv_cache_tokens:
             context_length = min(context_length, config.kv_cache_tokens)
-        return cls(llm, release, LogprobMode[release.processed_logprobs_mode], context_length, vocab_size, eos,
-                   tokenizer_dir=model_dir)
+        return cls(llm, release, features, modes, context_length, vocab_size, eos, tokenizer_dir=model_dir,
+                   version=version)
 
     def check_params(self, params: SamplingParams) -> None:
         for name, reason in self._release.unapplied.items():
             if _ASKS_FOR[name](params):
                 raise InvalidInput(name, f"the tensorrt_llm engine cannot honour it: {reason} "
-                                         f"(TensorRT-LLM {self._release.checked_against}; docs/tensorrt_llm.md)")
-        if params.wants_log_probs and not params.greedy and self._release.sampled_logprob_in_top_k_only:
+                                         f"(TensorRT-LLM {self._version}; docs/tensorrt_llm.md)")
+        log_probs_field = "return_log_probs" if params.return_log_probs else "top_logprobs"
+        limit = self._features.logprobs_limit
+        if params.wants_log_probs and not params.greedy:
+            if not self._features.logprobs_mode:
+                raise InvalidInput(log_probs_field, f"with sampling, the tensorrt_llm engine cannot give them: "
+                                                    f"TensorRT-LLM {self._version} has no processed log probs "
+                                                    f"(LogprobMode, NVIDIA/TensorRT-LLM#9675), only those of the "
+                                                    f"model's raw distribution, not the one the token was drawn from")
             # A sampled token ranks within top_k, so asking for top_k log probs always includes it;
             # without top_k it can rank anywhere in the vocabulary.
-            if not 1 <= params.top_k <= MAX_LOGPROBS_PER_TOKEN:
-                field = "return_log_probs" if params.return_log_probs else "top_logprobs"
-                raise InvalidInput(field, f"with sampling, the tensorrt_llm engine needs top_k in "
-                                          f"1..{MAX_LOGPROBS_PER_TOKEN} (got {params.top_k}): TensorRT-LLM "
-                                          f"{self._release.checked_against} returns log probs of the step's "
-                                          f"most likely tokens only, which must include the sampled one")
+            if self._release.sampled_logprob_in_top_k_only and not 1 <= params.top_k <= limit:
+                raise InvalidInput(log_probs_field, f"with sampling, the tensorrt_llm engine needs top_k in 1..{limit} "
+                                                    f"(got {params.top_k}): TensorRT-LLM {self._version} returns log "
+                                                    f"probs of the step's most likely tokens only (at most {limit}), "
+                                                    f"which must include the sampled one")
+        if params.top_logprobs > limit:
+            raise InvalidInput("top_logprobs", f"{params.top_logprobs} is over {limit}, the most TensorRT-LLM "
+                                               f"{self._version} gives")
+        if params.wants_log_probs and params.greedy and params.min_tokens:
+            # A greedy request's log probs are the raw log-softmax (see _sampling), which is not shown to
+            # include min_tokens' hold-back of end_id: the token chosen under it would get a wrong number.
+            raise InvalidInput(log_probs_field, "with min_tokens, the tensorrt_llm engine cannot give a greedy "
+                                                "request's log probs: TensorRT-LLM's raw log probs are not known to "
+                                                "hold back end_id as min_tokens does (docs/tensorrt_llm.md)")
         if params.min_tokens and self._release.min_tokens_holds_end_id_only:
             others = sorted(self.eos_token_ids - {self._end_id(params)})
             if others:
                 raise InvalidInput("min_tokens", f"the tensorrt_llm engine cannot honour it with end tokens {others} "
-                                                 f"besides end_id: TensorRT-LLM {self._release.checked_against} "
+                                                 f"besides end_id: TensorRT-LLM {self._version} "
                                                  f"holds back only end_id before min_tokens")
         check_guide(self._guides, params.guided_decoding)
 
@@ -172,7 +216,13 @@ class TensorRTLLMEngine(Engine):
         if params.wants_log_probs:
             # Greedy: the chosen token is the step's most likely. Sampled: it ranks within top_k.
             options["logprobs"] = max(1, params.top_logprobs, 0 if params.greedy else params.top_k)
-            options["logprobs_mode"] = self._logprobs_mode
+            if self._logprob_modes:
+                # Named, never left to a default. Greedy: RAW, the model's log-softmax (PROCESSED is
+                # one-hot after greedy: 0.0 for the chosen token). Sampled: PROCESSED, the distribution
+                # the token was drawn from. Without modes (a release before #9675) log probs are raw,
+                # which check_params allows for greedy requests only.
+                mode = RAW_LOGPROBS if params.greedy else PROCESSED_LOGPROBS
+                options["logprobs_mode"] = self._logprob_modes[mode]
         if params.guided_decoding is not None:
             options["guided_decoding"] = _guided_decoding_params(params.guided_decoding)
         return TRTSamplingParams(**options)

@@ -11,12 +11,15 @@ TensorRT-LLM 2fdb9e66302b15db9a9b5e71d3ac45d5921ea45d. The TensorRT-LLM reposito
 mirror here (2.5 GB), so the text at that commit was not read line by line; each fact below names
 where it was read instead.
 """
+import dataclasses
+import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Optional
 
 # The most log probabilities asked of TensorRT-LLM per generated token. A sampled request's log
 # probs need `logprobs` >= its top_k (see ReleaseLine.sampled_logprob_in_top_k_only), so this also
-# bounds top_k for such requests: it keeps each streamed {token id: Logprob} dict small.
+# bounds top_k for such requests: it keeps each streamed {token id: Logprob} dict small. A release
+# that refuses more (Features.max_logprobs) lowers it.
 MAX_LOGPROBS_PER_TOKEN = 100
 
 
@@ -33,10 +36,6 @@ class ReleaseLine:
     # adapter refuses a request asking for one (Engine.check_params) instead of passing it on to be
     # silently ignored.
     unapplied: Mapping[str, str]
-    # The LogprobMode member (by name) for SamplingParams(logprobs_mode=...) that gives log probs of the
-    # distribution the token was drawn from (after temperature, top-k, top-p), the project's promise
-    # (EngineOutput.log_probs); TensorRT-LLM's default is the raw model distribution.
-    processed_logprobs_mode: str
     # Each generated token's {token id: Logprob} holds the top `logprobs` tokens of the step only: the
     # sampled token is in it only when it ranks among them.
     sampled_logprob_in_top_k_only: bool
@@ -58,7 +57,6 @@ RELEASE_LINES = {
             "bad_words": "TensorRT-LLM 1.2's TorchSampler does not ban token ids (bad_token_ids)",
             "random_seed": "TensorRT-LLM 1.2's TorchSampler does not seed a request's sampling",
         },
-        processed_logprobs_mode="PROCESSED",
         sampled_logprob_in_top_k_only=True,
         min_tokens_holds_end_id_only=True,
         sources=(
@@ -72,9 +70,7 @@ RELEASE_LINES = {
             # sampler_type "auto" = TorchSampler unless beam search.
             "https://nvidia.github.io/TensorRT-LLM/features/sampling.html (1.2 text, PR NVIDIA/TensorRT-LLM#10083) "
             "and https://nvidia.github.io/TensorRT-LLM/1.3.0rc24/features/sampling.html",
-            # logprobs_mode (LogprobMode RAW default, PROCESSED) on TorchSampler.
-            "NVIDIA/TensorRT-LLM#9675 [TRTLLM-9735] Add processed logprobs functionality to TorchSampler "
-            "(merged January 2026, before release/1.2 at 1.2.0rc8)",
+            # What varies inside the line is detected, not read from here: detect_features.
             # {token id: Logprob} built from the top-k; 'always include sampled logprob' not merged for 1.2.
             "NVIDIA/TensorRT-LLM tensorrt_llm/executor/result.py @ 005bc848893f575ec14b45d6b13139360d67c790 "
             "(LogprobResults = list[dict[int, Logprob]]); NVIDIA/TensorRT-LLM#9374 (closed unmerged)",
@@ -87,12 +83,64 @@ RELEASE_LINES = {
 }
 
 
+# A release, or a release candidate of one: major.minor.patch[rcN], then an optional local part
+# (+...). Development builds (.devN, snapshots of main) are not placed in a line: what they hold of
+# it cannot be told from their version.
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(?:rc(\d+))?(?:\.post\d+)?(?:\+[\w.]+)?$")
+
+
 def release_line(version: str) -> ReleaseLine:
-    """The supported line of an installed TensorRT-LLM (`tensorrt_llm.__version__`, e.g. "1.2.1" or
-    "1.2.0rc8"); ValueError naming the version and the supported lines otherwise."""
-    line = ".".join(version.split(".")[:2])
+    """The supported line of an installed TensorRT-LLM (`tensorrt_llm.__version__`), or ValueError
+    naming the version and the supported lines.
+
+    Release candidates of a line (1.2.0rc2 ... rc8) are accepted on purpose: the facts above hold
+    for the whole line (TorchSampler applied penalties, bad ids and seeds only after 1.2 was cut), and
+    what changed between its candidates is detected at start (detect_features), not assumed, while
+    every other name the adapter passes is checked against the installed package before the engine
+    starts (tensorrt_llm_api.check_imported), so a candidate that lacks one fails loading, naming it."""
+    match = _VERSION.match(version)
+    if match is None:
+        raise ValueError(f"engine tensorrt_llm: TensorRT-LLM {version} is not a release or release candidate "
+                         f"(a development build cannot be placed in a release line; docs/tensorrt_llm.md)")
+    line = f"{match.group(1)}.{match.group(2)}"
     if line not in RELEASE_LINES:
         supported = ", ".join(f"{name}.x" for name in RELEASE_LINES)
         raise ValueError(f"engine tensorrt_llm: TensorRT-LLM {version} is not a release line this engine was "
                          f"checked against ({supported}; docs/tensorrt_llm.md)")
     return RELEASE_LINES[line]
+
+
+@dataclass(frozen=True)
+class Features:
+    """What an installed TensorRT-LLM has of what changed inside a release line, found in the package
+    itself (names and fields, not its version), each named by the change that brought it."""
+
+    # NVIDIA/TensorRT-LLM#9675 (main, January 2026): SamplingParams(logprobs_mode=LogprobMode...),
+    # RAW (the default: log-softmax of the model's logits) or PROCESSED (of the distribution the token
+    # was drawn from). Without it TorchSampler's log probs are the raw ones.
+    logprobs_mode: bool
+    # NVIDIA/TensorRT-LLM#13520 (main, April 2026): SamplingParams refuses logprobs above
+    # sampling_params.MAX_TOP_LOGPROBS (20 there; #16851 raised it to 100). None: no such limit.
+    max_logprobs: Optional[int]
+
+    @property
+    def logprobs_limit(self) -> int:
+        """The most log probs per token this adapter asks for: its own bound, or the release's if lower."""
+        return min(MAX_LOGPROBS_PER_TOKEN, self.max_logprobs or MAX_LOGPROBS_PER_TOKEN)
+
+
+# The LogprobMode members by name (their values were not in the sources read). RAW for greedy
+# requests: after #9675 PROCESSED turns greedy's distribution one-hot (log prob 0.0 for the chosen
+# token), while RAW is the model's log-softmax, which for greedy without penalties (TorchSampler
+# applies none in this line) is the distribution the token was chosen from.
+RAW_LOGPROBS, PROCESSED_LOGPROBS = "RAW", "PROCESSED"
+
+
+def detect_features(sampling_params_module) -> Features:
+    """Features of the installed `tensorrt_llm.sampling_params` module."""
+    mode = getattr(sampling_params_module, "LogprobMode", None)
+    fields = {field.name for field in dataclasses.fields(sampling_params_module.SamplingParams) if field.init}
+    has_mode = (mode is not None and "logprobs_mode" in fields
+                and {RAW_LOGPROBS, PROCESSED_LOGPROBS} <= set(getattr(mode, "__members__", {})))
+    limit = getattr(sampling_params_module, "MAX_TOP_LOGPROBS", None)
+    return Features(logprobs_mode=has_mode, max_logprobs=limit if isinstance(limit, int) else None)

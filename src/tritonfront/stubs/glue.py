@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional, Sequence
 
@@ -21,7 +22,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from tritonfront.core import model_config
-from tritonfront.errors import InvalidInput, Unavailable
+from tritonfront.errors import Cancelled, InvalidInput, Unavailable
 from tritonfront.core.rank_load import ModelMetricSpec
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -75,6 +76,8 @@ def response(outputs: dict[str, np.ndarray]) -> "pb_utils.InferenceResponse":
 def error_response(error: Exception) -> "pb_utils.InferenceResponse":
     if isinstance(error, InvalidInput):
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG))
+    if isinstance(error, Cancelled):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.CANCELLED))
     if isinstance(error, Unavailable):
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE))
     logger.error("request failed", exc_info=error)
@@ -146,6 +149,53 @@ def submit_each(requests: Sequence, parse: Callable[[Any], Any], submit: Callabl
                 submit(handle, value)
             except Exception as error:  # an engine that stopped taking requests
                 handle[1].send(error_response(error), flags=FINAL)
+
+
+class DecoupledForwarder:
+    """A model that is not decoupled answering each request through a decoupled model of the same
+    inputs and outputs, by one BLS call per request (the request's id, parameters and wanted
+    outputs go along): its one response, or its error, whose Triton code `error_code(message)`
+    names. Calls run on a pool of `workers` threads, so execute returns at once and requests are
+    answered concurrently, each by its own sender."""
+
+    def __init__(self, model_name: str, output_names: Sequence[str], workers: int, error_code: Callable[[str], str]):
+        self.model_name, self.output_names, self.error_code = model_name, list(output_names), error_code
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="forward")
+
+    def execute(self, requests: Sequence, check: Callable[[dict], None]) -> None:
+        """`check(inputs)` refuses a request here (an InvalidInput) before it is handed on."""
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                check(inputs(request))
+            except Exception as error:
+                sender.send(error_response(error), flags=FINAL)
+                continue
+            self.pool.submit(self._forward, request, sender)
+
+    def _forward(self, request, sender) -> None:
+        try:
+            child = pb_utils.InferenceRequest(model_name=self.model_name, inputs=request.inputs(),
+                                              requested_output_names=list(request.requested_output_names()) or self.output_names,
+                                              request_id=request.request_id(), parameters=parameters(request))
+            answer = None
+            for response in child.exec(decoupled=True):
+                if response.has_error():
+                    # Triton 2.51's BLS gives every error of the called model code INTERNAL:
+                    # `error_code` restores it from the message.
+                    message = response.error().message()
+                    code = getattr(pb_utils.TritonError, self.error_code(message))
+                    answer = pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+                elif response.output_tensors():
+                    answer = pb_utils.InferenceResponse(output_tensors=response.output_tensors())
+            if answer is None:
+                raise RuntimeError(f"{self.model_name} answered without a response")
+        except Exception as error:
+            answer = error_response(error)
+        sender.send(answer, flags=FINAL)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)  # every request handed on gets its answer (or its error)
 
 
 class StreamResponder:
