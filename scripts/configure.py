@@ -50,11 +50,14 @@ ROOT = Path(__file__).resolve().parents[1]
 REPOSITORIES = ("model_repository", "ensembles")
 # Models whose work is a transformer forward pass: the ones --gpus moves to the GPU.
 GPU_MODELS = ("encoder", "llm")
-# What an engine needs beyond its name for the outputs the contract promises under load (greedy
-# exact, streamed == whole): llama.cpp's unified KV cache computes a sequence's later logits
-# differently once another sequence's cells are freed (docs/configuration.md), so llama_cpp gets a
-# cache per sequence, 64 sequences of 1,024 tokens (llama-server's -np 64 layout). --set overrides.
-ENGINE_PARAMETERS = {"llama_cpp": {"kv_unified": "false", "max_num_seqs": "64", "kv_cache_tokens": "65536"}}
+# What an engine needs beyond its name. llama_cpp: 64 sequences; a request runs in a slot of 512
+# cells of its own while its tokens fit (llama-server's -np layout: each sequence attends over its
+# own cells, so 64 short streams run as fast as there), else in a pool of 32,768 cells that any
+# request may fill up to the model's context (8,192 for SmolLM2), with prefix reuse on; the two
+# take 1.4 GiB for SmolLM2 (22.5 KiB per token), as the 64 x 1,024 slots did before
+# (docs/configuration.md, The llama.cpp engine). --set overrides.
+ENGINE_PARAMETERS = {"llama_cpp": {"max_num_seqs": "64", "kv_slot_tokens": "512", "kv_cache_tokens": "32768",
+                                   "prompt_cache": "true"}}
 # The declarations whose tensors the committed configs carry between their GENERATED markers
 # (tritonfront.core.config_tensors): --write-committed rewrites those lines from them.
 DECLARATIONS = (trtllm_contract.GENERATE_PIPELINE,)

@@ -186,5 +186,8 @@ class HFEngine(Engine):
     def kv_cache_capacity_blocks(self) -> int:
         return sum(allocator.num_blocks for allocator in self._manager.batch_processor.cache.cache_allocators.values())
 
+    def kv_cache_block_tokens(self) -> int:
+        return PAGE_TOKENS
+
     def shutdown(self) -> None:
         self._manager.stop(block=True, timeout=30)
