@@ -171,7 +171,7 @@ def llama_cpp_scored_greedy(prompt: list[int], max_tokens: int, repetition_penal
 # NEAR_TIE in log probability, where it may take the other, and its log probs stay within
 # LOG_PROB_TOLERANCE of the reference's. Both bounds hold what was measured (docs/design.md).
 NEAR_TIE = 0.5
-LOG_PROB_TOLERANCE = 0.25
+LOG_PROB_TOLERANCE = 0.35
 
 
 def assert_greedy_within_tolerance(output, expected: ScoredGreedy) -> None:
