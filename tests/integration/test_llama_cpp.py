@@ -87,6 +87,7 @@ def test_bad_parameters_are_refused_naming_the_input(server, inputs, named):
     assert named in message, message
 
 
+@pytest.mark.timeout(1800)  # the prefill takes minutes on 2 busy cores
 def test_a_6000_token_prompt_is_served_and_a_longer_one_than_the_context_refused_naming_the_limit(server):
     words = " ".join(f"note {i}: keep it short." for i in range(900))
     ids = prompt_ids(words, chat=False)

@@ -380,6 +380,7 @@ def test_requests_added_together_start_together_while_running_ones_go_on(engine,
     wait_until_empty(engine, timeout=3)
 
 
+@pytest.mark.timeout(1800)  # its prefill takes minutes on 2 busy cores
 def test_a_6000_token_prompt_is_served_in_the_pool(gguf, reference):
     big = make_engine(gguf, kv_cache_tokens=0, max_num_seqs=2)  # the pool: the model's context, 8192
     try:
@@ -398,6 +399,7 @@ def test_a_6000_token_prompt_is_served_in_the_pool(gguf, reference):
         big.shutdown()
 
 
+@pytest.mark.timeout(1800)  # 1,200 tokens and the recomputed ones
 def test_requests_that_together_exceed_the_pool_all_complete_whole(pool_engine, reference):
     """Eight requests of ~200 prompt tokens and 150 generated in a pool of 2,048 cells: they need
     2,800. Admission waits for cells and the pool preempts the newest when a step does not fit;
