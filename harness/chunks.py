@@ -1,7 +1,12 @@
 """What an engine sends the detokenizer: token streams cut into chunks, each with the context
 window of ids before it (tritonfront.core.detokenization.DetokenizerChunk)."""
 import random
+from typing import Optional, Sequence
 
+import numpy as np
+
+from tritonfront.core.chunk_packing import pack
+from tritonfront.core.delivery import NO_SLOT
 from tritonfront.core.detokenization import DETOKENIZER_WINDOW, DetokenizerChunk
 
 from .corpora import MULTILINGUAL
@@ -60,3 +65,19 @@ def streamed_in_intervals(sent_counts: list[int], completion_tokens: int, interv
     if not new or sum(new) != completion_tokens or min(new) < 0:
         return False
     return completion_tokens == 0 or new[0] == 1 and all(n >= interval for n in new[1:-1])
+
+
+def detokenizer_request(output_ids: Sequence[int], context_ids: Sequence[int] = (), final: bool = True,
+                        finish_reason: Optional[str] = None, prompt_tokens: int = 0,
+                        completion_tokens: Optional[int] = None, echo_ids: Sequence[int] = (),
+                        delivery: Sequence[int] = (0, 0, NO_SLOT, 0), batch_index: int = 0, sequence_index: int = 0,
+                        several_sequences: bool = False, check_cancelled: bool = True, **more) -> dict:
+    """A `detokenizer` request's inputs (numpy, by name) for one chunk, packed as the llm sends it
+    (tritonfront.core.chunk_packing), with the other inputs given (`more`); finish_reason "length"
+    on a final chunk unless told, completion_tokens the chunk's own ids unless told."""
+    if finish_reason is None:
+        finish_reason = "length" if final else ""
+    if completion_tokens is None:
+        completion_tokens = len(output_ids)
+    return {"chunk": pack(final, finish_reason, prompt_tokens, completion_tokens, batch_index, sequence_index,
+                          several_sequences, check_cancelled, delivery, context_ids, echo_ids, output_ids), **more}

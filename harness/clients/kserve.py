@@ -12,6 +12,9 @@ import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
 from tritonclient.utils import np_to_triton_dtype
 
+from tritonfront.core.chunk_packing import pack
+from tritonfront.core.delivery import NO_SLOT
+
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 EMBED_OUTPUTS = {"embed": ("embedding",), "embed_tokens": ("token_embeddings", "input_lengths"),
                  "embed_ids": ("embedding",)}
@@ -97,14 +100,14 @@ def llm_inputs(prompt_ids: Sequence[int], max_tokens: int, module=grpcclient, **
 
 def detokenizer_inputs(chunk, prompt_tokens: int, completion_tokens: int, finish_reason: Optional[str] = None,
                        module=grpcclient) -> list:
-    """A `detokenizer` request for one tritonfront.core.detokenization.DetokenizerChunk, [1, n]-shaped
-    as the engine's responses are; finish_reason "length" on the final chunk unless told."""
+    """A `detokenizer` request for one tritonfront.core.detokenization.DetokenizerChunk, packed as
+    the llm sends it in the ensemble (core/chunk_packing.py), not tracked for acknowledgement;
+    finish_reason "length" on the final chunk unless told."""
     if finish_reason is None:
         finish_reason = "length" if chunk.is_final else ""
-    return tensors(module, output_ids=np.array([chunk.output_ids], dtype=np.int32).reshape(1, -1),
-                   context_ids=np.array([chunk.context_ids], dtype=np.int32).reshape(1, -1),
-                   is_final=chunk.is_final, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
-                   completion_tokens=completion_tokens)
+    packed = pack(chunk.is_final, finish_reason, prompt_tokens, completion_tokens, 0, 0, False, False,
+                  (0, 0, NO_SLOT, 0), chunk.context_ids, (), chunk.output_ids)
+    return tensors(module, chunk=packed)
 
 
 def prebuilt(build: Callable[[object], list], items: Sequence) -> Callable[[int], list]:

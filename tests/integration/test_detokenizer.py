@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from harness.chunks import chunk_stream, random_streams
 from harness.clients.kserve import detokenizer_inputs, tensors
 from harness.corpora import MULTILINGUAL as TEXTS
-from harness.paths import MODEL_REPOSITORY
+from harness.deploy import write_variant
 from harness.server import triton_server
 from tritonfront.core.detokenization import DetokenizerChunk
 from tritonfront.core.model_sources import llm_model_dir
@@ -29,8 +29,12 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def detokenizer_server(tmp_path_factory):
+    """The committed detokenizer with one instance: the replay model sends a stream's chunks back
+    to back, as the llm never does (it sends a stream's next chunk once the previous one was
+    decoded: tests/integration/test_generate.py), and with several instances a later chunk could
+    overtake an earlier one."""
     repository = tmp_path_factory.mktemp("detokenizer_repository")
-    (repository / MODEL).symlink_to(MODEL_REPOSITORY / MODEL)
+    write_variant(MODEL, MODEL, repository, [(r"count: \d+", "count: 1")])
     for test_model in ("chunk_replay", "detokenize_replay"):
         (repository / test_model).symlink_to(TEST_MODELS / test_model)
     with triton_server(tmp_path_factory.mktemp("detokenizer_log") / "server.log", repositories=[repository]) as server:
@@ -75,12 +79,13 @@ def replay_inputs(ids: list[int], sizes: list[int]):
 
 
 def test_chunks_of_a_stream_come_back_in_order_through_an_ensemble(detokenizer_server, tokenizer):
-    """As inside `generate`: a decoupled model streams chunks to the detokenizer back to back and
-    the ensemble forwards each answer as it completes. Heavy chunks (300 ids) among 1-id chunks:
-    with two instances and no preserve_ordering later chunks overtook earlier ones (measured: ~40
-    of 656 answers out of order per run); the committed detokenizer has one instance and no batcher
-    (its config.pbtxt says why), which keeps them in order even when chunks come back to back; in
-    `generate` the llm sends a stream's next chunk only once the previous one was decoded."""
+    """A decoupled model streams chunks to one detokenizer instance back to back and the ensemble
+    forwards each answer as it completes: heavy chunks (300 ids) among 1-id chunks come back in
+    order. With two instances and no preserve_ordering (no batcher: its config.pbtxt says why)
+    later chunks overtook earlier ones (measured: ~40 of 656 answers out of order per run), which
+    is why in `generate`, whose detokenizer has several instances, the llm sends a stream's next
+    chunk only once the previous one was decoded (tests/integration/test_generate.py checks
+    streams against their whole answers there)."""
     rng = random.Random(1)
     streams = []
     for _ in range(16):

@@ -94,13 +94,22 @@ class Request:
         """(batch_index, sequence_index) -> the text of that sequence, its chunks joined."""
         texts: dict[tuple[int, int], str] = {}
         for r in self.responses:
-            key = (int(r.as_numpy("batch_index")[0, 0]), int(r.as_numpy("sequence_index")[0, 0]))
+            key = indexes(r)
             texts[key] = texts.get(key, "") + r.as_numpy("text_output")[0].decode()
         return texts
 
     def finals(self) -> dict[tuple[int, int], object]:
-        return {(int(r.as_numpy("batch_index")[0, 0]), int(r.as_numpy("sequence_index")[0, 0])): r
-                for r in self.responses if r.as_numpy("finish_reason")[0, 0]}
+        return {indexes(r): r for r in self.responses if r.as_numpy("finish_reason")[0, 0]}
+
+
+def indexes(response) -> tuple[int, int]:
+    """(batch_index, sequence_index) of a response: sent, as by TensorRT-LLM, only for requests of
+    several sequences; a request of one is (0, 0)."""
+    batch, sequence = response.as_numpy("batch_index"), response.as_numpy("sequence_index")
+    if batch is None:
+        assert sequence is None
+        return 0, 0
+    return int(batch[0, 0]), int(sequence[0, 0])
 
 
 def generate(server, model="ensemble", prompts=PROMPTS[:1], outputs=None, **inputs) -> Request:

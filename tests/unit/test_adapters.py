@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from google.protobuf import json_format
 
+from harness.chunks import detokenizer_request
 from harness.deploy import load_module, read_model_config
 from tritonfront.core import model_sources
-from tritonfront.core.delivery import SLOTS, Acknowledger, ack_table_path, model_key
+from tritonfront.core.delivery import NO_SLOT, SLOTS, Acknowledger, ack_table_path, model_key
 from tritonfront.engines import Engine, EngineOutput
 from tritonfront.core.shared_tables import open_rows, table_path
 from tritonfront import stubs
@@ -254,15 +255,9 @@ def smollm_tokenizer():
     return AutoTokenizer.from_pretrained(model_sources.llm_model_dir())
 
 
-def chunk_inputs(output_ids, context_ids=(), final=True, delivery=None) -> dict:
-    inputs = {"output_ids": np.array([output_ids], dtype=np.int32).reshape(1, -1),
-              "context_ids": np.array([context_ids], dtype=np.int32).reshape(1, -1),
-              "is_final": np.array([[final]]), "finish_reason": np.array([[b"stop" if final else b""]], dtype=np.object_),
-              "prompt_tokens": np.array([[7]], dtype=np.int32),
-              "completion_tokens": np.array([[len(output_ids)]], dtype=np.int32)}
-    if delivery is not None:
-        inputs["delivery"] = np.array([delivery], dtype=np.int64)
-    return inputs
+def chunk_inputs(output_ids, context_ids=(), final=True, delivery=(0, 0, NO_SLOT, 0)) -> dict:
+    return detokenizer_request(output_ids, context_ids, final, "stop" if final else "", prompt_tokens=7,
+                               delivery=delivery)
 
 
 def test_detokenizer_decodes_passes_through_and_acknowledges_what_it_decoded(pb_utils, smollm_tokenizer, tmp_path):
@@ -392,13 +387,13 @@ def test_llm_streams_chunks_then_a_final_flag(pb_utils, llm):
     assert model.execute([streamed, whole]) is None  # decoupled: responses come from the loop thread
     sent = finished(streamed)
     FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-    # The committed stream_interval (4): the first token alone, the rest with the final flag.
-    assert [flags for _, flags in sent] == [0, FINAL]
+    # The committed chunking with one stream: every token as it comes, the last with the final flag.
+    assert [flags for _, flags in sent] == [0, 0, FINAL]
     chunks = [response.outputs() for response, _ in sent]
-    assert [c["output_ids"].tolist() for c in chunks] == [[[101]], [[102, 103]]]
-    assert [c["finish_reason"].tolist() for c in chunks] == [[[b""]], [[b"length"]]]
-    assert [c["completion_tokens"].tolist() for c in chunks] == [[[1]], [[3]]]
-    assert chunks[1]["context_ids"].tolist() == [[101]] and chunks[0]["prompt_tokens"].tolist() == [[3]]
+    assert [c["output_ids"].tolist() for c in chunks] == [[[101]], [[102]], [[103]]]
+    assert [c["finish_reason"].tolist() for c in chunks] == [[[b""]], [[b""]], [[b"length"]]]
+    assert [c["completion_tokens"].tolist() for c in chunks] == [[[1]], [[2]], [[3]]]
+    assert chunks[2]["context_ids"].tolist() == [[101, 102]] and chunks[0]["prompt_tokens"].tolist() == [[3]]
     (response, flags), = finished(whole)
     assert flags == FINAL and response.outputs()["output_ids"].tolist() == [[101, 102, 103]]
 
@@ -487,7 +482,7 @@ def test_llm_execute_returns_only_once_the_rank_has_room(pb_utils, llm):
     ({"parameters": {"balancing": "fast"}},
      "model llm: parameter balancing: 'fast' is not allowed; it must be one of tokens, none (default 'tokens')"),
     ({"parameters": {"stream_interval": "0"}},
-     "model llm: parameter stream_interval: '0' is not allowed; it must be an integer >= 1 (default 4)"),
+     "model llm: parameter stream_interval: '0' is not allowed; it must be an integer >= 1 (default 1)"),
 ])
 def test_llm_config_errors_fail_loading_before_the_engine_starts(pb_utils, args, message):
     module = load_adapter(pb_utils, "llm")

@@ -165,7 +165,7 @@ def test_configure_write_committed_restores_the_generated_lines_alone(tmp_path, 
     monkeypatch.setattr(configure, "ROOT", tmp_path)
     llm = tmp_path / "model_repository" / "llm" / "config.pbtxt"
     committed = llm.read_text()
-    by_hand = ('parameters: { key: "stream_interval" value: { string_value: "4" } }',
+    by_hand = ('parameters: { key: "stream_interval" value: { string_value: "1" } }',
                'parameters: { key: "stream_interval" value: { string_value: "8" } }')
     edited = committed.replace('name: "stream"', 'name: "streaming"').replace(*by_hand)
     assert edited.count('name: "streaming"') == 1 and by_hand[1] in edited

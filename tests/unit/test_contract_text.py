@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tritonfront.core import model_sources
+from harness.chunks import detokenizer_request
 from tritonfront.core.detokenization import DetokenizeRequest, StreamDetokenizer
 from tritonfront.errors import InvalidInput
 from tritonfront.core.tokenization import MAX_STOP_WORDS, PromptBatch, PromptRequest, PromptTokenizer
@@ -96,12 +97,7 @@ def detokenizer(tokenizers):
 
 
 def chunk(output_ids, context_ids=(), final=True, **more) -> dict:
-    inputs = {"output_ids": np.array([output_ids], dtype=np.int32).reshape(1, -1),
-              "context_ids": np.array([context_ids], dtype=np.int32).reshape(1, -1), "is_final": np.array([[final]]),
-              "finish_reason": np.array([[b"stop"]], dtype=np.object_), "prompt_tokens": np.array([[3]], dtype=np.int32),
-              "completion_tokens": np.array([[len(output_ids)]], dtype=np.int32)}
-    inputs.update(more)
-    return inputs
+    return detokenizer_request(output_ids, context_ids, final, finish_reason="stop", prompt_tokens=3, **more)
 
 
 @pytest.mark.parametrize("prompt, answer", [("The capital of France is", " Paris."), ("Grüße aus", " Köln ✓"),
@@ -110,7 +106,7 @@ def test_a_whole_answer_with_its_prompt_is_one_decode_of_both(tokenizers, detoke
     _, reference = tokenizers
     prompt_ids = reference(prompt, add_special_tokens=False).input_ids
     answer_ids = reference(answer, add_special_tokens=False).input_ids
-    request = DetokenizeRequest.parse(chunk(answer_ids, echo_ids=np.array([prompt_ids], dtype=np.int32)))
+    request = DetokenizeRequest.parse(chunk(answer_ids, echo_ids=prompt_ids))
     text, = detokenizer.respond([request], lambda delivery: None)
     assert text["text_output"].shape == (1,)  # as TensorRT-LLM's postprocessing: its clients read output[0]
     assert text["text_output"][0].decode() == reference.decode(prompt_ids + answer_ids, skip_special_tokens=True)
@@ -118,13 +114,22 @@ def test_a_whole_answer_with_its_prompt_is_one_decode_of_both(tokenizers, detoke
 
 
 def test_contract_outputs_pass_through_only_when_sent(detokenizer):
-    sent = {"batch_index": np.array([[1]], dtype=np.int32), "sequence_index": np.array([[2]], dtype=np.int32),
-            "output_log_probs": np.array([[[-0.5, -0.25]]], dtype=np.float32),
+    sent = {"output_log_probs": np.array([[[-0.5, -0.25]]], dtype=np.float32),
             "first_token_time_ns": np.array([[123]], dtype=np.int64)}
     with_them, without = detokenizer.respond([DetokenizeRequest.parse(chunk([100, 101], **sent)),
                                               DetokenizeRequest.parse(chunk([100]))], lambda delivery: None)
     assert {name: with_them[name].tolist() for name in sent} == {name: value.tolist() for name, value in sent.items()}
     assert not set(sent) & set(without)
+
+
+def test_batch_and_sequence_indexes_only_for_requests_of_several_sequences(detokenizer):
+    """As TensorRT-LLM sends them: for batched requests and num_return_sequences > 1."""
+    several, one = detokenizer.respond(
+        [DetokenizeRequest.parse(chunk([100], batch_index=1, sequence_index=2, several_sequences=True)),
+         DetokenizeRequest.parse(chunk([100]))], lambda delivery: None)
+    assert (several["batch_index"].tolist(), several["sequence_index"].tolist()) == ([[1]], [[2]])
+    assert not {"batch_index", "sequence_index"} & set(one)
+    assert one["finish_reason"].tolist() == [[b"stop"]] and one["prompt_tokens"].tolist() == [[3]]
 
 
 def test_per_token_texts_and_top_alternatives_from_the_llms_tensors(tokenizers, detokenizer):
@@ -137,7 +142,7 @@ def test_per_token_texts_and_top_alternatives_from_the_llms_tensors(tokenizers, 
     other, = reference(" and", add_special_tokens=False).input_ids
     top_ids = np.array([[[[token, other] for token in answer_ids]]], dtype=np.int32)
     top_log_probs = np.array([[[[-0.1, -3.0]] * n]], dtype=np.float32)
-    sent = chunk(answer_ids, echo_ids=np.array([prompt_ids], dtype=np.int32), output_top_ids=top_ids,
+    sent = chunk(answer_ids, echo_ids=prompt_ids, output_top_ids=top_ids,
                  output_top_log_probs=top_log_probs, return_token_texts=np.array([[True]]))
     out, = detokenizer.respond([DetokenizeRequest.parse(sent)], lambda delivery: None)
     assert out["output_top_ids"].tolist() == top_ids.tolist()
@@ -156,8 +161,13 @@ def test_a_cancelled_requests_chunk_is_answered_but_never_acknowledged(detokeniz
     stamp = np.array([[7, 0, 3, 1001]], dtype=np.int64)
     acknowledged = []
     live, cancelled = detokenizer.respond(
-        [DetokenizeRequest.parse(chunk([100], delivery=stamp)),
-         DetokenizeRequest.parse(chunk([101], delivery=stamp + [0, 0, 1, 1]), cancelled=True)],
+        [DetokenizeRequest.parse(chunk([100], delivery=stamp[0].tolist())),
+         DetokenizeRequest.parse(chunk([101], delivery=(stamp[0] + [0, 0, 1, 1]).tolist()), lambda: True)],
         lambda delivery: acknowledged.append(delivery.tolist()))
     assert acknowledged == [stamp.tolist()]
+    # Triton is asked only for the chunks the llm asks it of (a round trip each).
+    asked = []
+    unchecked, = detokenizer.respond([DetokenizeRequest.parse(chunk([100], check_cancelled=False),
+                                                              lambda: asked.append(1) or True)], lambda delivery: None)
+    assert not asked and unchecked["text_output"].shape == (1,)
     assert live["text_output"].shape == cancelled["text_output"].shape == (1,)

@@ -325,7 +325,7 @@ def token_requests(ids: list[int], sizes: list[int], top: int = 0, empty_final: 
         if top:
             top_ids = np.array([[[[token] + [(token + j) % 300 for j in range(1, top)] for token in chunk.output_ids]]],
                                dtype=np.int32).reshape(1, 1, len(chunk.output_ids), top)
-        requests.append(DetokenizeRequest([chunk], {}, None, [0], True, top_ids))
+        requests.append(DetokenizeRequest([chunk], {}, [0], True, top_ids))
     return requests
 
 
@@ -384,17 +384,17 @@ def test_special_tokens_have_empty_shares():
 def test_per_token_outputs_only_when_asked_and_top_ids_checked():
     tokenizer, detokenizer = _get("smollm2")
     [chunk] = chunk_stream(encode(tokenizer, "Hi there"), [10])
-    plain = detokenizer.respond([DetokenizeRequest([chunk], {}, None, [0])], lambda stamps: None)[0]
+    plain = detokenizer.respond([DetokenizeRequest([chunk], {}, [0])], lambda stamps: None)[0]
     assert "output_token_texts" not in plain and "output_top_texts" not in plain
     n = len(chunk.output_ids)
     bad_shape = np.zeros((1, 1, n + 1, 2), dtype=np.int32)
     out_of_vocab = np.full((1, 1, n, 2), detokenizer.vocab_size, dtype=np.int32)
     for top_ids, message in ((bad_shape, f"must be [1, 1, {n}, k]"), (out_of_vocab, "outside the vocabulary")):
-        [error] = detokenizer.respond([DetokenizeRequest([chunk], {}, None, [0], False, top_ids)], lambda stamps: None)
+        [error] = detokenizer.respond([DetokenizeRequest([chunk], {}, [0], False, top_ids)], lambda stamps: None)
         assert isinstance(error, InvalidInput) and error.field == "output_top_ids" and message in str(error)
     # Padding (-1) where an engine gave fewer alternatives: an empty text.
     padded = np.full((1, 1, n, 2), -1, dtype=np.int32)
     padded[0, 0, :, 0] = chunk.output_ids
-    [out] = detokenizer.respond([DetokenizeRequest([chunk], {}, None, [0], False, padded)], lambda stamps: None)
+    [out] = detokenizer.respond([DetokenizeRequest([chunk], {}, [0], False, padded)], lambda stamps: None)
     assert out["output_top_texts"].shape == (1, 1, n, 2) and set(out["output_top_texts"][0, 0, :, 1]) == {b""}
     assert b"".join(out["output_top_texts"][0, 0, :, 0]).decode() == "Hi there"

@@ -36,7 +36,7 @@ ROOMS = {"errors": 0, "threads": 0, "engines": 1, "core": 2, "triton": 3, **{pro
 # The core's own layers, lowest first.
 CORE_LAYERS = [
     {"config_tensors"},
-    {"inputs", "shared_tables", "padding", "ragged", "model_sources", "stopping", "rank_load", "trtllm_contract"},
+    {"inputs", "shared_tables", "padding", "chunk_packing", "ragged", "model_sources", "stopping", "rank_load", "trtllm_contract"},
     {"tokenization", "encoding", "detokenization", "delivery", "balancing", "generation_request", "core_sharing"},
     {"pooling", "generation_loop"},
     {"fanout"},

@@ -29,9 +29,11 @@ def test_every_committed_config_loads_and_names_only_known_parameters(model):
         assert getattr(typed, name) == PARAMETERS[model][name].parse(value["string_value"])
 
 
-def test_the_committed_llm_streams_at_the_default_interval():
+def test_the_committed_llm_streams_at_the_default_chunking():
     # tests/integration/test_generate.py checks the served chunks against the default.
-    assert from_model_config("llm", committed("llm")).stream_interval == LLMConfig().stream_interval == 4
+    committed_config = from_model_config("llm", committed("llm"))
+    assert committed_config.stream_interval == LLMConfig().stream_interval == 1
+    assert committed_config.max_chunk_rate == LLMConfig().max_chunk_rate > 0
 
 
 def test_the_kinds_are_the_committed_models():
@@ -42,7 +44,7 @@ def test_the_kinds_are_the_committed_models():
 def test_missing_parameters_take_their_defaults():
     config = parse("llm", {"balancing": "none"})
     assert config == LLMConfig(balancing="none")
-    assert (config.engine, config.max_active_requests, config.stream_interval) == ("hf", 256, 4)
+    assert (config.engine, config.max_active_requests, config.stream_interval) == ("hf", 256, 1)
     assert config.engine_config() == EngineConfig(max_num_seqs=256, kv_cache_tokens=32768, max_batch_tokens=512,
                                                   dtype="auto")
 

@@ -80,9 +80,14 @@ def test_what_the_llm_sends_the_detokenizer_passes_on():
     llm = {t.name for t in generated(contract.LLM).output}
     detokenizer = generated(contract.DETOKENIZER)
     optional_inputs = {t.name for t in detokenizer.input if t.optional}
-    for name in (*contract.ALWAYS_PASSED, *contract.REQUESTED_PASSED, *contract.TOP_LOG_PROB_OUTPUTS):
+    for name in (*contract.REQUESTED_PASSED, *contract.TOP_LOG_PROB_OUTPUTS):
         assert name in llm and name in optional_inputs and name in {t.name for t in detokenizer.output}
     assert contract.TOKEN_TEXTS_FLAG in llm and contract.TOKEN_TEXTS_FLAG in optional_inputs
+    # The fields every chunk has travel packed; the detokenizer sends the client those it shows.
+    required = {t.name for t in detokenizer.input if not t.optional}
+    assert "chunk" in llm and required == {"chunk"}
+    assert {"finish_reason", "prompt_tokens", "completion_tokens", "batch_index", "sequence_index"} <= {
+        t.name for t in detokenizer.output}
 
 
 def test_contract_tables_name_only_contract_inputs():
@@ -90,7 +95,7 @@ def test_contract_tables_name_only_contract_inputs():
     assert set(contract.UNSUPPORTED) <= names
     assert set(contract.ALIASES) | set(contract.ALIASES.values()) <= names
     outputs = {s.name for s in contract.OUTPUTS}
-    assert set(contract.REQUESTED_PASSED) | set(contract.ALWAYS_PASSED) <= outputs
+    assert set(contract.REQUESTED_PASSED) <= outputs
     assert set(contract.TOP_LOG_PROB_OUTPUTS) <= {s.name for s in contract.EXTRA_OUTPUTS}
     assert set(contract.UNMEASURED_PERF_METRICS) <= set(contract.PERF_METRIC_OUTPUTS)
 

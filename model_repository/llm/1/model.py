@@ -39,8 +39,8 @@ class TritonPythonModel:
                                             self.model_metrics).update)
         self.gauges = GaugeThread(updates)
         self.loop = GenerationLoop(engine=self.engine, responder=GroupResponder(glue.StreamResponder()),
-                                     stream_interval=config.stream_interval, context_window=DETOKENIZER_WINDOW,
-                                     on_load=self.publish, delivery=delivery)
+                                   stream_interval=config.stream_interval, max_chunk_rate=config.max_chunk_rate,
+                                   context_window=DETOKENIZER_WINDOW, on_load=self.publish, delivery=delivery)
         self.loop.publish_load()
         self.gauges.start()
         self.loop.start()

@@ -19,6 +19,9 @@ from typing import Iterable, Optional
 # Where a tensor comes from and goes to when no model of the pipeline sends or takes it.
 REQUEST = "request"  # the client's request: an input of the ensemble (or of the one model)
 RESPONSE = "response"  # the client's response: an output of the ensemble (or of the one model)
+# A step's output for the clients that call that model directly: the ensemble neither maps nor
+# returns it (the llm's per-field chunk outputs, which the ensemble gets packed).
+DIRECT = "direct"
 
 BEGIN_MARKER = "# BEGIN GENERATED"
 END_MARKER = "# END GENERATED"
@@ -119,24 +122,26 @@ class Pipeline:
     def _check(self) -> None:
         if not self.ensemble and len(self.steps) != 1:
             raise ValueError(f"{self.declared_in}: a pipeline without an ensemble is one model, not {list(self.steps)}")
-        ends = {REQUEST: -1, **{step: index for index, step in enumerate(self.steps)}, RESPONSE: len(self.steps)}
+        ends = {REQUEST: -1, **{step: index for index, step in enumerate(self.steps)}, RESPONSE: len(self.steps),
+                DIRECT: len(self.steps)}
         seen = set()
         for tensor in self.tensors:
             where = f"{self.declared_in}: tensor {tensor.name!r} ({tensor.source} -> {tensor.sink})"
-            if tensor.source not in ends or tensor.source == RESPONSE:
+            if tensor.source not in ends or tensor.source in (RESPONSE, DIRECT):
                 raise ValueError(f"{where}: its source is none of {[REQUEST, *self.steps]}")
             if tensor.sink not in ends or tensor.sink == REQUEST:
                 raise ValueError(f"{where}: its sink is none of {[*self.steps, RESPONSE]}")
-            if (tensor.source, tensor.sink) == (REQUEST, RESPONSE):
+            if tensor.source == REQUEST and tensor.sink in (RESPONSE, DIRECT):
                 raise ValueError(f"{where}: no model takes or sends it")
             if ends[tensor.source] >= ends[tensor.sink]:
                 raise ValueError(f"{where}: a step must take it after its source sends it")
-            if tensor.optional and tensor.sink == RESPONSE:
+            if tensor.optional and tensor.sink in (RESPONSE, DIRECT):
                 raise ValueError(f"{where}: only an input can be optional")
             # A model has one output and one input of each name; the tensors between the ensemble's
             # steps (`_<name>`) are one of each name too.
-            keys = ["the request's tensors" if tensor.source == REQUEST else f"the outputs of {tensor.source}",
-                    "the response's tensors" if tensor.sink == RESPONSE else f"the inputs of {tensor.sink}"]
+            keys = ["the request's tensors" if tensor.source == REQUEST else f"the outputs of {tensor.source}"]
+            if tensor.sink != DIRECT:
+                keys.append("the response's tensors" if tensor.sink == RESPONSE else f"the inputs of {tensor.sink}")
             if _between_steps(tensor):
                 keys.append("the tensors between the ensemble's steps")
             for key in keys:
@@ -165,9 +170,9 @@ class Pipeline:
         for step in self.steps:
             model = self._model(step)
             sinks = {t.name: _ensemble_name(t) for t in self.tensors if t.sink == step}
-            sources = {t.name: _ensemble_name(t) for t in self.tensors if t.source == step}
+            sources = {t.name: _ensemble_name(t) for t in self.tensors if t.source == step and t.sink != DIRECT}
             steps.append(EnsembleStep(step, tuple((i.name, sinks[i.name]) for i in model.inputs),
-                                      tuple((o.name, sources[o.name]) for o in model.outputs)))
+                                      tuple((o.name, sources[o.name]) for o in model.outputs if o.name in sources)))
         return ModelTensors(
             inputs=tuple(ConfigTensor(t.name, t.dtype, t.dims, t.optional, note=t.source_note)
                          for t in self.tensors if t.source == REQUEST),
@@ -184,7 +189,7 @@ class Pipeline:
 
 
 def _between_steps(tensor: PipelineTensor) -> bool:
-    return tensor.source != REQUEST and tensor.sink != RESPONSE
+    return tensor.source != REQUEST and tensor.sink not in (RESPONSE, DIRECT)
 
 
 def _ensemble_name(tensor: PipelineTensor) -> str:

@@ -57,6 +57,9 @@ class DeliveryTracker:
         # start with), so an acknowledgement left in a reused slot never covers a new chunk.
         self._serial = time.time_ns() // 1000
         self._delivered_sent_at = float("-inf")  # send time of the latest acknowledged chunk
+        # The row as of the last refresh(): a turn of the loop reads it once, not an element of the
+        # shared memory per stream (numpy's per-element reads cost more than the rest of a check).
+        self._seen: Optional[list[int]] = None
 
     @classmethod
     def for_model(cls, model_name: str, rank: int, ranks: int, server_pid: int, timeout_s: float,
@@ -98,8 +101,13 @@ class DeliveryTracker:
         self._take_acknowledgements(request_id, pending)
         return bool(pending)
 
+    def refresh(self) -> None:
+        """Reads the acknowledgements once for the checks that follow, until the next refresh."""
+        self._seen = self.acks.tolist()
+
     def _take_acknowledgements(self, request_id: str, pending: collections.deque) -> None:
-        acknowledged = self.acks[self._slots[request_id]]
+        slot = self._slots[request_id]
+        acknowledged = self._seen[slot] if self._seen is not None else int(self.acks[slot])
         while pending and pending[0][0] <= acknowledged:
             self._delivered_sent_at = max(self._delivered_sent_at, pending.popleft()[1])
 

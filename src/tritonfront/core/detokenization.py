@@ -58,7 +58,8 @@ import numpy as np
 
 from ..errors import InvalidInput
 from .inputs import Inputs, required
-from .trtllm_contract import ALWAYS_PASSED, REQUESTED_PASSED, TOKEN_TEXTS_FLAG, TOP_LOG_PROB_OUTPUTS
+from .chunk_packing import PackedChunk, unpack
+from .trtllm_contract import REQUESTED_PASSED, TOKEN_TEXTS_FLAG, TOP_LOG_PROB_OUTPUTS
 
 DETOKENIZER_WINDOW = 8
 
@@ -78,44 +79,60 @@ class DetokenizerChunk:
     is_final: bool
 
 
-# Inputs of a chunk that the `detokenizer` passes on to the client unchanged: always there, and
-# there when the llm sends them.
-PASSED_THROUGH = ("finish_reason", "prompt_tokens", "completion_tokens")
-OPTIONALLY_PASSED = (*ALWAYS_PASSED, *REQUESTED_PASSED, *TOP_LOG_PROB_OUTPUTS)
+# Inputs the `detokenizer` passes on to the client unchanged when the llm sends them (what a
+# request asked for beside text); the fields every chunk has come packed (core/chunk_packing.py).
+OPTIONALLY_PASSED = (*REQUESTED_PASSED, *TOP_LOG_PROB_OUTPUTS)
 
 
 @dataclass
 class DetokenizeRequest:
-    """A `detokenizer` request: one chunk per batch row."""
+    """A `detokenizer` request: one packed chunk per batch row."""
 
     chunks: list[DetokenizerChunk]
-    passed_through: dict[str, np.ndarray]  # PASSED_THROUGH inputs ([rows, 1] each) and the OPTIONALLY_PASSED present
-    delivery: Optional[np.ndarray]  # [rows, 4] the llm's stamps, to acknowledge once decoded
+    passed_through: dict[str, np.ndarray]  # the OPTIONALLY_PASSED inputs present
     heads: list[int] = field(default_factory=list)  # per row: the echoed prompt ids at the start of output_ids
     token_texts: bool = False  # add output_token_texts
     top_ids: Optional[np.ndarray] = None  # [rows, 1, tokens, k] alternatives whose texts to add
     # Its ensemble request was cancelled (the client left): decoded for Triton, whose ensemble
     # must get every step's response, but never acknowledged, so the llm frees the stream.
     cancelled: bool = False
+    packed: list[PackedChunk] = field(default_factory=list)  # the rows as the llm sent them
 
     @classmethod
-    def parse(cls, inputs: Inputs, cancelled: bool = False) -> "DetokenizeRequest":
-        # Triton has checked that every input has the same batch size (rows).
-        output_ids = required(inputs, "output_ids")
-        rows = output_ids.shape[0]
-        context_ids = required(inputs, "context_ids")
-        is_final = required(inputs, "is_final").reshape(rows)
-        passed_through = {name: required(inputs, name).reshape(rows, 1) for name in PASSED_THROUGH}
-        passed_through.update({name: inputs[name] for name in OPTIONALLY_PASSED if name in inputs})
+    def parse(cls, inputs: Inputs, is_cancelled: Callable[[], bool] = lambda: False) -> "DetokenizeRequest":
+        """`is_cancelled` asks Triton whether the request was cancelled: only for chunks the llm
+        asks it of (a round trip each)."""
+        packed = [unpack(row) for row in required(inputs, "chunk")]
+        cancelled = any(chunk.check_cancelled for chunk in packed) and is_cancelled()
         # A whole answer that starts with its prompt: the prompt's ids are decoded with it, so the
         # text is the one decode of prompt and answer (tokens at the seam decode as they do in it).
-        echo_ids = inputs.get("echo_ids")
-        heads = [row.tolist() for row in echo_ids] if echo_ids is not None else [[]] * rows
-        chunks = [DetokenizerChunk(context.tolist(), head + output.tolist(), bool(final))
-                  for context, output, final, head in zip(context_ids, output_ids, is_final, heads)]
+        chunks = [DetokenizerChunk(chunk.context_ids, chunk.echo_ids + chunk.output_ids, chunk.final)
+                  for chunk in packed]
         flag = inputs.get(TOKEN_TEXTS_FLAG)
-        return cls(chunks, passed_through, inputs.get("delivery"), [len(head) for head in heads],
-                   flag is not None and bool(flag.any()), inputs.get("output_top_ids"), cancelled)
+        return cls(chunks, {name: inputs[name] for name in OPTIONALLY_PASSED if name in inputs},
+                   [len(chunk.echo_ids) for chunk in packed], flag is not None and bool(flag.any()),
+                   inputs.get("output_top_ids"), cancelled, packed)
+
+    def deliveries(self) -> np.ndarray:
+        """[rows, 4] the llm's stamps, to acknowledge once decoded."""
+        return np.array([chunk.delivery for chunk in self.packed], dtype=np.int64).reshape(-1, 4)
+
+    def chunk_outputs(self) -> dict[str, np.ndarray]:
+        """The fields of the packed chunks the client gets: finish_reason and the token counts
+        always, batch_index and sequence_index when the request has several sequences (as
+        TensorRT-LLM sends them only for batched requests and num_return_sequences > 1)."""
+        packed = self.packed
+        if not packed:
+            return {}
+        outputs = {
+            "finish_reason": np.array([[chunk.finish_reason.encode()] for chunk in packed], dtype=np.object_),
+            "prompt_tokens": np.array([[chunk.prompt_tokens] for chunk in packed], dtype=np.int32),
+            "completion_tokens": np.array([[chunk.completion_tokens] for chunk in packed], dtype=np.int32),
+        }
+        if any(chunk.several_sequences for chunk in packed):
+            outputs["batch_index"] = np.array([[chunk.batch_index] for chunk in packed], dtype=np.int32)
+            outputs["sequence_index"] = np.array([[chunk.sequence_index] for chunk in packed], dtype=np.int32)
+        return outputs
 
 
 def _byte_level_alphabet() -> dict[str, int]:
@@ -446,10 +463,10 @@ class StreamDetokenizer:
             except InvalidInput as error:
                 outputs.append(error)
                 continue
-            if request.delivery is not None and not request.cancelled:
-                acknowledge(request.delivery)
+            if not request.cancelled:
+                acknowledge(request.deliveries())
             # One string per row without a further dimension, as TensorRT-LLM's postprocessing
             # sends text_output (its clients read output[0]).
             outputs.append({"text_output": np.array([text.encode("utf-8") for text in texts], dtype=np.object_),
-                            **request.passed_through, **per_token})
+                            **request.chunk_outputs(), **request.passed_through, **per_token})
         return outputs

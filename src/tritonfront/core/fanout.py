@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .chunk_packing import pack
 from .generation_loop import GenerationLoop, LLMChunk, Responder
 from .generation_request import SequenceRequest
 from .trtllm_contract import PERF_METRIC_OUTPUTS, TOKEN_TEXTS_FLAG, UNMEASURED_PERF_METRICS, spec
@@ -38,6 +39,7 @@ class RequestGroup:
     def __init__(self, handle: Any, sequences: int, arrival_ns: int):
         self.handle = handle
         self.arrival_ns = arrival_ns  # time.time_ns() when the llm took the request
+        self.sequences = sequences
         self.unfinished = sequences
         self.failed = False
         self.lock = threading.Lock()  # sends of one request never interleave with its failure
@@ -109,15 +111,22 @@ def _column(name: str, value) -> np.ndarray:
 
 
 def chunk_outputs(handle: SequenceHandle, chunk: LLMChunk) -> dict[str, np.ndarray]:
-    """The llm's outputs for one chunk of a sequence: the chunk's own, its batch and sequence
-    index, the prompt ids to decode before a whole answer that includes its prompt, and the
+    """The llm's outputs for one chunk of a sequence: behind the ensemble the chunk packed for the
+    detokenizer (core/chunk_packing.py), to a direct client a tensor per field with its batch and
+    sequence index and, for a whole answer that includes its prompt, the prompt ids; then the
     outputs its request asked for."""
     request, options = handle.request, handle.request.options
-    outputs = chunk.tensors()
-    outputs["batch_index"] = _column("batch_index", request.batch_index)
-    outputs["sequence_index"] = _column("sequence_index", request.sequence_index)
-    if chunk.final and not request.stream and not options.exclude_input:
-        outputs["echo_ids"] = np.array([request.prompt_ids], dtype=np.int32)
+    echo = request.prompt_ids if chunk.final and not request.stream and not options.exclude_input else ()
+    if request.delivery_acknowledged:
+        outputs = {"chunk": pack(chunk.final, chunk.finish_reason, chunk.prompt_tokens, chunk.completion_tokens,
+                                 request.batch_index, request.sequence_index, handle.group.sequences > 1,
+                                 chunk.check_cancelled, chunk.delivery, chunk.context_ids, echo, chunk.output_ids)}
+    else:
+        outputs = chunk.tensors()
+        outputs["batch_index"] = _column("batch_index", request.batch_index)
+        outputs["sequence_index"] = _column("sequence_index", request.sequence_index)
+        if len(echo):
+            outputs["echo_ids"] = np.array([echo], dtype=np.int32)
     if options.log_probs:
         handle.cum_log_prob += math.fsum(chunk.log_probs)
         outputs["cum_log_probs"] = _column("cum_log_probs", handle.cum_log_prob)

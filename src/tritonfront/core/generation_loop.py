@@ -52,6 +52,9 @@ class LLMChunk:
     prompt_tokens: int
     completion_tokens: int  # ids sent so far, this chunk included
     delivery: tuple[int, int, int, int] = (0, 0, NO_SLOT, 0)  # DeliveryTracker.stamp()
+    # Whether the acknowledging step asks Triton if this chunk's request was cancelled (a round
+    # trip it then pays): the loop asks for it on a stream's chunks at most every cancel_check_s.
+    check_cancelled: bool = True
     log_probs: list[float] = field(default_factory=list)  # one per output id; NaN where the engine gave none
     # One per output id when the request asked for top_logprobs: (token id, log prob) pairs, most
     # likely first; empty where the engine gave none.
@@ -60,7 +63,8 @@ class LLMChunk:
     last_token_ns: int = 0  # ... and its latest
 
     def tensors(self) -> dict[str, np.ndarray]:
-        """The `llm` model's outputs for this chunk, with the batch dimension of one request."""
+        """The `llm` model's outputs for this chunk to a client that calls it directly, with the
+        batch dimension of one request (behind the ensemble it goes packed: fanout.chunk_outputs)."""
         return {
             "output_ids": np.array([self.output_ids], dtype=np.int32).reshape(1, -1),
             "context_ids": np.array([self.context_ids], dtype=np.int32).reshape(1, -1),
@@ -68,7 +72,6 @@ class LLMChunk:
             "finish_reason": np.array([[self.finish_reason.encode()]], dtype=np.object_),
             "prompt_tokens": np.array([[self.prompt_tokens]], dtype=np.int32),
             "completion_tokens": np.array([[self.completion_tokens]], dtype=np.int32),
-            "delivery": np.array([self.delivery], dtype=np.int64),
         }
 
 
@@ -77,7 +80,7 @@ class Completion:
 
     def __init__(self, prompt_tokens: int, stop_sequences: Sequence[Sequence[int]] = (),
                  eos_ids: frozenset = frozenset(), stream: bool = False, stream_interval: int = 1,
-                 context_window: int = 0):
+                 context_window: int = 0, wants_log_probs: bool = False):
         self.prompt_tokens = prompt_tokens
         self.generated = 0  # ids the engine produced, sent or held: what this request keeps in the KV cache
         self.finish_reason: Optional[str] = None
@@ -86,6 +89,13 @@ class Completion:
         self.context_window = context_window
         self._eos = eos_ids
         self._matcher = StopMatcher(stop_sequences)
+        # Most requests have no stop words and want no log probs: their ids then go straight to
+        # the pending list, without the per-id bookkeeping (a step of 1,024 streams, each with an
+        # id, costs the loop thread that work once per id).
+        self._plain = not stop_sequences and not wants_log_probs
+        # A streamed chunk waits until then (time.monotonic()): the loop spaces each stream's
+        # chunks by its share of the rank's chunk rate (GenerationLoop's max_chunk_rate).
+        self.not_before = 0.0
         self._pending: list[int] = []
         self._recent: list[int] = []
         self._sent = 0
@@ -109,6 +119,33 @@ class Completion:
         if token_ids:
             self.last_token_ns = time.time_ns()
             self.first_token_ns = self.first_token_ns or self.last_token_ns
+        if self._plain and not log_probs and not top_log_probs:
+            self._take_plain(token_ids)
+        else:
+            self._take_each(token_ids, log_probs, top_log_probs)
+        if engine_finished and not self.finished:
+            self._end(engine_reason or FINISH_LENGTH)
+        if self.finished:
+            return [self._chunk(final=True)]
+        if not hold and self.holding:
+            return [self._chunk(final=False)]
+        return []
+
+    def _take_plain(self, token_ids: Sequence[int]) -> None:
+        if self.finished or not token_ids:
+            return
+        ids = token_ids if isinstance(token_ids, list) else [int(t) for t in token_ids]
+        if not self._eos.isdisjoint(ids):
+            end = next(i for i, token in enumerate(ids) if token in self._eos)
+            self.generated += end + 1
+            self._pending.extend(ids[:end])
+            self._end(FINISH_STOP)
+            return
+        self.generated += len(ids)
+        self._pending.extend(ids)
+
+    def _take_each(self, token_ids: Sequence[int], log_probs: Optional[Sequence[float]],
+                   top_log_probs: Optional[Sequence[Sequence[tuple[int, float]]]]) -> None:
         if log_probs is None or len(log_probs) != len(token_ids):
             log_probs = [math.nan] * len(token_ids)
         if top_log_probs is None or len(top_log_probs) != len(token_ids):
@@ -127,21 +164,16 @@ class Completion:
             self._held_log_probs = held[len(released):] if not matched else []
             if matched:
                 self.finish_reason = FINISH_STOP
-        if engine_finished and not self.finished:
-            self._end(engine_reason or FINISH_LENGTH)
-        if self.finished:
-            return [self._chunk(final=True)]
-        if not hold and self.holding:
-            return [self._chunk(final=False)]
-        return []
 
     @property
     def holding(self) -> bool:
-        """A streamed chunk's worth of ids is ready and not sent: stream_interval ids, or any id
-        before the first chunk, so a stream's first token never waits for the next ones (TTFT)."""
+        """A streamed chunk's worth of ids is ready and not sent: any id before the first chunk,
+        so a stream's first token never waits for the next ones (TTFT); later, stream_interval ids
+        once the stream's turn has come (`not_before`)."""
         if not self.stream or self.finished or not self._pending:
             return False
-        return self._sent == 0 or len(self._pending) >= self.stream_interval
+        return self._sent == 0 or (len(self._pending) >= self.stream_interval
+                                   and time.monotonic() >= self.not_before)
 
     def release(self) -> Optional[LLMChunk]:
         return self._chunk(final=False) if self.holding else None
@@ -195,6 +227,7 @@ class _Live:
     # checked every cancel_check_s.
     behind_ensemble: bool = False
     asked_client: bool = False
+    delivery_checked: float = -math.inf  # when a chunk of it last asked the detokenizer to check
 
 
 class TurnHooks:
@@ -222,12 +255,22 @@ class GenerationLoop:
     def __init__(self, engine: Engine, responder: Responder, stream_interval: int = 1, context_window: int = 0,
                  on_load: Callable[[Load], None] = lambda load: None, poll_s: float = 0.02,
                  cancel_check_s: float = 0.5, delivery: Optional[DeliveryTracker] = None,
-                 clock: Callable[[], float] = time.monotonic, idle_poll_s: float = 0.5):
+                 clock: Callable[[], float] = time.monotonic, idle_poll_s: float = 0.5,
+                 max_chunk_rate: float = 0.0):
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
+        if max_chunk_rate < 0:
+            raise ValueError(f"max_chunk_rate must be >= 0, got {max_chunk_rate}")
         self.engine = engine
         self.responder = responder
         self.stream_interval = stream_interval
+        # Streamed chunks this loop sends a second at most (0: no limit): each stream's next chunk
+        # waits for its share, live streams / max_chunk_rate seconds after its previous one, and
+        # takes every id generated meanwhile. Every chunk costs the front end the same (a response
+        # and its hops through Triton and the detokenizer) whatever it carries, so a few streams
+        # get every id as it comes and many get fewer, larger chunks at the same CPU.
+        self.max_chunk_rate = max_chunk_rate
+        self._streams = 0  # live streamed requests
         self.context_window = context_window
         self.on_load = on_load
         # How long a turn waits for the engine's output before doing the loop's own work anyway.
@@ -265,7 +308,9 @@ class GenerationLoop:
         params = request.params
         end_ids = self.engine.eos_token_ids | ({params.end_id} if params.end_id is not None else set())
         completion = Completion(len(request.prompt_ids), request.stop_sequences, frozenset(end_ids), request.stream,
-                                self.stream_interval, self.context_window if request.stream else 0)
+                                self.stream_interval, self.context_window if request.stream else 0,
+                                wants_log_probs=params.wants_log_probs or request.options.log_probs
+                                or request.options.top_logprobs > 0)
         request_id = f"req-{next(self._ids)}"
         # Registered and added as one step, so a cancellation check cannot fall in between and
         # cancel in the engine a request it does not have yet.
@@ -278,6 +323,7 @@ class GenerationLoop:
             except Exception:
                 del self._live[request_id]
                 raise
+            self._streams += request.stream
             # Only a stream's chunks come before its end; a whole response has nothing to watch.
             if request.stream and request.delivery_acknowledged and self.delivery is not None:
                 self.delivery.track(request_id)
@@ -346,6 +392,9 @@ class GenerationLoop:
     def process(self, outputs: Sequence[EngineOutput]) -> None:
         """A turn's work once the engine's outputs are in hand: new tokens out to their clients,
         then cancellations, then the new load."""
+        if self.delivery is not None:
+            with self._lock:
+                self.delivery.refresh()
         for output in outputs:
             self._deliver(output)
         self._release_held()
@@ -427,7 +476,9 @@ class GenerationLoop:
 
     def _retire(self, request_id: str, cancel_engine: bool) -> None:
         with self._lock:
-            self._live.pop(request_id, None)
+            live = self._live.pop(request_id, None)
+            if live is not None:
+                self._streams -= live.completion.stream
             if self.delivery is not None:
                 self.delivery.release(request_id)
             self._room.notify_all()
@@ -442,6 +493,7 @@ class GenerationLoop:
                 for request_id in self._live:
                     self.delivery.release(request_id)
             lost, self._live = [live.handle for live in self._live.values()], {}
+            self._streams = 0
             self._finishing.clear()
             self._room.notify_all()
         for handle in lost:
@@ -453,6 +505,12 @@ class GenerationLoop:
         if self.delivery is not None and not chunk.final:
             with self._lock:
                 chunk.delivery = self.delivery.stamp(live.request_id)
+            now = self.clock()
+            chunk.check_cancelled = now - live.delivery_checked >= self.cancel_check_s
+            if chunk.check_cancelled:
+                live.delivery_checked = now
+        if self.max_chunk_rate and not chunk.final:
+            live.completion.not_before = time.monotonic() + self._streams / self.max_chunk_rate
         try:
             self.responder.send(live.handle, chunk)
             return True

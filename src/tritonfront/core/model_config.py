@@ -127,11 +127,15 @@ class LLMConfig(Config):
                                 choices=BALANCING_MODES)
     balancing_timeout_ms: int = _parameter(1000, "longest hold of execute by the balancing gate", minimum=0)
     # Every streamed response is a hop chain of its own (llm -> Triton -> detokenizer -> Triton ->
-    # client, ~2-4 CPU ms on these cores, taken from the engine's): 4 ids per response (the first
-    # alone) cut the front end's CPU per token to a half to a third (perf/results/bench_peers_generate.md,
-    # bench_peers_llama.md); 1 streams every token, as vLLM's and SGLang's default does.
-    stream_interval: int = _parameter(4, "generated tokens per streamed response after the first, which goes out "
-                                         "alone", minimum=1)
+    # client), which costs the same whatever it carries: the rank's chunk rate is capped instead of
+    # the tokens per chunk, so a few streams get every token as it comes (as vLLM's and SGLang's
+    # default stream_interval 1 does) and many streams get larger chunks at the same CPU
+    # (perf/results/bench_capacity.md).
+    stream_interval: int = _parameter(1, "generated tokens per streamed response after the first, which goes out "
+                                         "alone, at least", minimum=1)
+    max_chunk_rate: int = _parameter(200, "streamed responses a rank sends per second at most: each stream's next "
+                                           "one waits live streams / max_chunk_rate seconds after its previous one "
+                                           "and carries every token generated meanwhile; 0: no limit", minimum=0)
     max_num_seqs: int = _parameter(256, "sequences in one forward pass", minimum=1)
     max_active_requests: int = _parameter(256, "unfinished requests one rank holds; beyond them requests wait in "
                                               "Triton's queue, whose size limit and timeout reject what cannot be "

@@ -17,7 +17,7 @@ from typing import Iterable, Optional
 from tritonfront.errors import InvalidInput
 
 from ..engines.base import MAX_TOP_LOGPROBS
-from .config_tensors import REQUEST, RESPONSE, Pipeline, PipelineTensor
+from .config_tensors import DIRECT, REQUEST, RESPONSE, Pipeline, PipelineTensor
 
 # The ensemble and its steps, each named by its folder.
 ENSEMBLE, TOKENIZER, LLM, DETOKENIZER = "generate", "llm_tokenizer", "llm", "detokenizer"
@@ -163,9 +163,8 @@ EXTRA_OUTPUTS = (
               "Each alternative's bytes had it been generated there ([1, 1, tokens, k])."),
 )
 
-# Outputs the llm adds to a chunk for the detokenizer to pass on to the client unchanged:
-# always, and on request.
-ALWAYS_PASSED = ("batch_index", "sequence_index")
+# Outputs the llm adds to a chunk for the detokenizer to pass on to the client unchanged, on
+# request.
 LOG_PROB_OUTPUTS = ("cum_log_probs", "output_log_probs")
 PERF_METRIC_OUTPUTS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
                        "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
@@ -232,32 +231,37 @@ def _passed_on(name: str, sent: str = "", taken: str = "") -> PipelineTensor:
     return _between(LLM, DETOKENIZER, name, output.dtype, output.dims, optional=True, sent=sent, taken=taken)
 
 
-# What the llm sends the detokenizer: a chunk of a sequence, what the request asked for beside
-# text (ALWAYS_PASSED first), and the chunk's stamp for the acknowledgement.
+def _direct(name: str, dtype: str, dims: tuple, note: str = "") -> PipelineTensor:
+    """An output of the llm for clients that call it directly; the ensemble gets it packed."""
+    return PipelineTensor(name, dtype, dims, LLM, DIRECT, source_note=note)
+
+
+# What the llm sends: to its direct clients a tensor per field of a chunk (TensorRT-LLM's
+# tensorrt_llm model's shape); to the detokenizer in the ensemble the same fields packed in one
+# tensor (core/chunk_packing.py says why), and what the request asked for beside text.
 CHUNKS = (
-    _between(LLM, DETOKENIZER, "output_ids", "TYPE_INT32", (-1,),
-             sent="The new ids of this response; may be empty on the final one.",
-             taken="The new token ids of this chunk (may be empty on a final chunk)."),
-    _between(LLM, DETOKENIZER, "context_ids", "TYPE_INT32", (-1,),
-             sent="Up to the detokenizer's window of ids generated just before output_ids (never prompt ids).",
-             taken="Up to tritonfront.core.detokenization.DETOKENIZER_WINDOW (8) ids generated right before this "
-                   "chunk; fewer only at the start of a completion."),
-    _between(LLM, DETOKENIZER, "is_final", "TYPE_BOOL", (1,)),
-    _between(LLM, DETOKENIZER, "finish_reason", "TYPE_STRING", (1,),
-             sent='"length", "stop" or "cancelled" on the final response, "" before it.'),
-    _between(LLM, DETOKENIZER, "prompt_tokens", "TYPE_INT32", (1,)),
-    _between(LLM, DETOKENIZER, "completion_tokens", "TYPE_INT32", (1,),
-             sent="Ids sent so far, this response included."),
-    _between(LLM, DETOKENIZER, "echo_ids", "TYPE_INT32", (-1,), optional=True,
-             sent="The prompt's ids, on the final response of a whole answer whose text starts with its prompt "
-                  "(exclude_input_in_output false); absent otherwise.",
-             taken="The prompt's ids before a whole answer that includes its prompt: decoded with it."),
-    _passed_on("batch_index",
-               sent="TensorRT-LLM's outputs, passed on by the detokenizer: the first two always, the others when "
-                    "the request asks (return_log_probs, return_num_*_tokens, return_perf_metrics).",
+    _direct("output_ids", "TYPE_INT32", (-1,), "The new ids of this response; may be empty on the final one."),
+    _direct("context_ids", "TYPE_INT32", (-1,),
+            "Up to the detokenizer's window of ids generated just before output_ids (never prompt ids)."),
+    _direct("is_final", "TYPE_BOOL", (1,)),
+    _direct("finish_reason", "TYPE_STRING", (1,), '"length", "stop" or "cancelled" on the final response, "" '
+                                                  "before it."),
+    _direct("prompt_tokens", "TYPE_INT32", (1,)),
+    _direct("completion_tokens", "TYPE_INT32", (1,), "Ids sent so far, this response included."),
+    _direct("echo_ids", "TYPE_INT32", (-1,),
+            "The prompt's ids, on the final response of a whole answer whose text starts with its prompt "
+            "(exclude_input_in_output false); absent otherwise."),
+    _direct("batch_index", "TYPE_INT32", (1,), "The prompt's row and the sequence's number, on every response."),
+    _direct("sequence_index", "TYPE_INT32", (1,)),
+    _between(LLM, DETOKENIZER, "chunk", "TYPE_INT64", (-1,),
+             sent="Behind the ensemble, instead of the outputs above: a chunk's fields and ids in one tensor, and "
+                  "its stamp for the acknowledgement (tritonfront/core/chunk_packing.py).",
+             taken="The llm's chunk, its fields and ids in one tensor (tritonfront/core/chunk_packing.py); "
+                   "decoded, then acknowledged (tritonfront/core/delivery.py)."),
+    _passed_on("cum_log_probs", sent="TensorRT-LLM's outputs the request asked for (return_log_probs, "
+                                     "return_num_*_tokens, return_perf_metrics), passed on by the detokenizer.",
                taken="Passed on unchanged when the llm sends them (tritonfront.core.trtllm_contract)."),
-    _passed_on("sequence_index"),
-    *(_passed_on(name) for name in LOG_PROB_OUTPUTS),
+    _passed_on("output_log_probs"),
     _passed_on("output_top_ids", sent="[1, 1, tokens, top_logprobs], only when top_logprobs > 0; with their log probs.",
                taken="The llm's top alternatives: passed on, and their texts added (output_top_texts)."),
     _passed_on("output_top_log_probs"),
@@ -265,9 +269,6 @@ CHUNKS = (
              sent="Sent (true) on every response of a request that asked for per-token texts.",
              taken="true: add output_token_texts."),
     *(_passed_on(name) for name in (*PERF_METRIC_OUTPUTS, "num_input_tokens", "num_output_tokens")),
-    _between(LLM, DETOKENIZER, "delivery", "TYPE_INT64", (4,), optional=True,
-             sent="(model key, rank, slot, serial) for the acknowledging step; slot -1: not tracked.",
-             taken="The llm's stamp on this chunk, acknowledged once decoded (tritonfront/core/delivery.py)."),
 )
 
 

@@ -166,7 +166,8 @@ class EngineConfig:
     synthetic_eos_every: int = 0
 
 
-@dataclass
+# Slots: an engine makes one per running sequence per step (1,024 a step at GPU-like rates).
+@dataclass(slots=True)
 class EngineOutput:
     request_id: str
     token_ids: list[int] = field(default_factory=list)  # new since this request's previous output

@@ -59,8 +59,8 @@ def execute_batch(requests: Sequence, parse: Callable, compute: Callable[[list],
                   cancellation: bool = False) -> list:
     """The dynamic batch of a non-decoupled model: `parse` each request's inputs (then the names of
     the outputs it asked for when `requested_outputs`, then its parameters when
-    `request_parameters`, then whether it was cancelled when `cancellation`; a request that fails
-    gets its own error), run `compute` once over every
+    `request_parameters`, then, when `cancellation`, a callable that asks Triton whether it was
+    cancelled; a request that fails gets its own error), run `compute` once over every
     parsed request (it returns, per request, a dict of outputs or the exception that request
     earned), then answer each request."""
     responses: list = [None] * len(requests)
@@ -73,7 +73,9 @@ def execute_batch(requests: Sequence, parse: Callable, compute: Callable[[list],
             if request_parameters:
                 arguments += (parameters(request),)
             if cancellation:
-                arguments += (request.is_cancelled(),)
+                # The check itself, not its answer: asking is a round trip to tritonserver, which a
+                # model makes only for the requests that need the answer.
+                arguments += (request.is_cancelled,)
             parsed.append(parse(*arguments))
             positions.append(i)
         except Exception as error:

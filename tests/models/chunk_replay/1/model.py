@@ -1,6 +1,6 @@
-import numpy as np
-
 from tritonfront.stubs import glue
+from tritonfront.core.chunk_packing import pack
+from tritonfront.core.delivery import NO_SLOT
 from tritonfront.core.detokenization import DETOKENIZER_WINDOW
 
 
@@ -8,21 +8,15 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             inputs = glue.inputs(request)
-            ids, sizes = inputs["token_ids"].reshape(-1), inputs["chunk_sizes"].reshape(-1).tolist()
+            ids, sizes = inputs["token_ids"].reshape(-1).tolist(), inputs["chunk_sizes"].reshape(-1).tolist()
             sender = request.get_response_sender()
             position, k = 0, 0
             while True:
                 end = min(len(ids), position + sizes[min(k, len(sizes) - 1)])
                 final = end == len(ids)
-                outputs = {
-                    "output_ids": ids[position:end].reshape(1, -1),
-                    "context_ids": ids[max(0, position - DETOKENIZER_WINDOW):position].reshape(1, -1),
-                    "is_final": np.array([[final]]),
-                    "finish_reason": np.array([[b"length" if final else b""]], dtype=np.object_),
-                    "prompt_tokens": np.array([[0]], dtype=np.int32),
-                    "completion_tokens": np.array([[end]], dtype=np.int32),
-                }
-                sender.send(glue.response(outputs), flags=glue.FINAL if final else 0)
+                chunk = pack(final, "length" if final else "", 0, end, 0, 0, False, False, (0, 0, NO_SLOT, 0),
+                             ids[max(0, position - DETOKENIZER_WINDOW):position], (), ids[position:end])
+                sender.send(glue.response({"chunk": chunk}), flags=glue.FINAL if final else 0)
                 if final:
                     break
                 position, k = end, k + 1
