@@ -22,6 +22,7 @@ benchmarks=(
   "bench_perf_analyzer --tokenizer-concurrency 16:32:16 --tokenizer-rates 100:200:100 --embed-concurrency 4:8:4 --embed-rates 5:10:5 --window-ms 1500"
   "bench_detokenizer --counts 1 2 4 --concurrency 64 128 --rounds 5"
   "bench_receive_path"
+  "bench_capacity"
   "bench_dp_balancing"
   "bench_generate"
   "bench_openai"

@@ -63,3 +63,12 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.contract)
     places = _module_places(items)
     items.sort(key=lambda item: places[item.path])  # stable: collection order within a place
+
+
+def pytest_collection_finish(session):
+    """Modules may start slow, network-bound preparations for their collected tests now, so they
+    overlap the run (tests/unit/test_scripts.py's pip resolutions against the public index)."""
+    for item in session.items:
+        prepare = getattr(getattr(item, "module", None), "prepare_in_background", None)
+        if prepare:
+            prepare(item.name)

@@ -15,6 +15,8 @@ from harness.clients.http import parse_sse, sse_events
 from harness.clients.kserve import (as_array, check_loopback, detokenizer_inputs, generate_inputs, llm_inputs,
                                     prebuilt, text_inputs)
 from harness.server import repositories_variable
+from tritonfront.core.chunk_packing import HEADER, unpack
+from tritonfront.core.delivery import NO_SLOT
 from tritonfront.core.detokenization import DetokenizerChunk
 
 
@@ -45,10 +47,11 @@ def test_llm_and_detokenizer_inputs():
     assert described(llm_inputs([5, 6, 7], 4, stream=True)) == {
         "input_ids": ("INT32", [1, 3]), "input_lengths": ("INT32", [1, 1]), "max_tokens": ("INT32", [1, 1]),
         "stream": ("BOOL", [1, 1])}
-    assert described(detokenizer_inputs(DetokenizerChunk([1, 2], [3], True), 5, 9)) == {
-        "output_ids": ("INT32", [1, 1]), "context_ids": ("INT32", [1, 2]), "is_final": ("BOOL", [1, 1]),
-        "finish_reason": ("BYTES", [1, 1]), "prompt_tokens": ("INT32", [1, 1]),
-        "completion_tokens": ("INT32", [1, 1])}
+    packed = detokenizer_inputs(DetokenizerChunk([1, 2], [3], True), 5, 9)
+    assert described(packed) == {"chunk": ("INT64", [1, len(HEADER) + 3])}
+    chunk = unpack(np.frombuffer(packed[0]._raw_content, dtype=np.int64))  # grpcclient keeps the bytes it sends
+    assert (chunk.final, chunk.finish_reason, chunk.prompt_tokens, chunk.completion_tokens) == (True, "length", 5, 9)
+    assert (chunk.context_ids, chunk.echo_ids, chunk.output_ids, chunk.delivery[2]) == ([1, 2], [], [3], NO_SLOT)
 
 
 def test_text_inputs_one_text_per_row_with_optional_inputs_per_text():

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -148,8 +149,10 @@ def serve(fake_triton: Path, tmp_path: Path, *args: str, **env: str) -> list[str
     if env.get("TRITONFRONT_WATCHDOG") != "0":
         then = after_file("FAKE_WATCHDOG_ARGS", then)
     env.setdefault("FAKE_TRITONSERVER_THEN", then)
+    # 180 s: on a clean clone the front's first start compiles its packages' bytecode (one CI run
+    # passed 60 s here).
     result = subprocess.run(["bash", str(SCRIPTS / "serve.sh"), *args], capture_output=True, text=True,
-                            timeout=60, env=serve_env(fake_triton, tmp_path, **env))
+                            timeout=180, env=serve_env(fake_triton, tmp_path, **env))
     assert result.returncode == 0, result.stderr
     resolved = []
     for arg in recorded(tmp_path / "args"):
@@ -620,16 +623,45 @@ def pypi_reachable() -> bool:
         return False
 
 
-def pip_dry_run(args: list, report: Path, env: Optional[dict] = None) -> dict:
-    """What pip would install for `args` (name -> version), resolved afresh (no cache, nothing
-    installed counts). fast-deps reads each wheel's metadata with HTTP range requests: torch and
-    its CUDA libraries are several GB of wheels, the metadata a few MB."""
-    result = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-                             "--no-cache-dir", "--use-feature=fast-deps", "--quiet", *args, "--report", str(report)],
-                            capture_output=True, text=True, timeout=900, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
+PIP_DRY_RUN = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-cache-dir",
+               "--use-feature=fast-deps", "--quiet"]
+
+
+def read_report(report: Path) -> dict:
     return {normalized(item["metadata"]["name"]): item["metadata"]["version"]
             for item in json.loads(report.read_text())["install"]}
+
+
+class BackgroundDryRun:
+    """What pip would install for some arguments (name -> version), resolved afresh (no cache,
+    nothing installed counts); fast-deps reads each wheel's metadata with HTTP range requests
+    (torch and its CUDA libraries are several GB of wheels, the metadata a few MB). Started before
+    its test runs. Resolving against the public index waits on the
+    network for minutes (137 s and 89 s in one run) with little CPU: tests/conftest.py starts the
+    resolutions a collected test will read (prepare_in_background) as soon as collection ends, so
+    the wait overlaps the rest of the run instead of adding to it."""
+
+    def __init__(self, args: callable, env: callable = lambda: None):
+        self._args, self._env = args, env
+        self._process: Optional[subprocess.Popen] = None
+        self._report: Optional[Path] = None
+
+    def start(self) -> None:
+        if self._process is None:
+            self._report = Path(tempfile.mkdtemp(prefix="pip-dry-run-")) / "report.json"
+            self._process = subprocess.Popen([*PIP_DRY_RUN, *self._args(), "--report", str(self._report)],
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                             env=self._env())
+
+    def result(self) -> dict:
+        self.start()
+        try:
+            _, stderr = self._process.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            raise
+        assert self._process.returncode == 0, stderr[-3000:]
+        return read_report(self._report)
 
 
 def unpinned(resolved: dict, constraints: Path) -> list[str]:
@@ -637,14 +669,12 @@ def unpinned(resolved: dict, constraints: Path) -> list[str]:
     return sorted(f"{name}=={version}" for name, version in resolved.items() if name not in locked)
 
 
-def test_image_pins_resolve_for_the_image_python_and_platform(tmp_path):
+def test_image_pins_resolve_for_the_image_python_and_platform():
     if not pypi_reachable():
         pytest.skip(f"{PYPI} is not reachable: the image's pins cannot be resolved offline")
-    resolved = pip_dry_run([*image_platform_args(), *image_requirements()], tmp_path / "image.json")
-    missing = unpinned(resolved, ROOT / "constraints-image.txt")
+    missing = unpinned(IMAGE_RESOLUTION.result(), ROOT / "constraints-image.txt")
     assert not missing, f"resolved for the image but not pinned in constraints-image.txt: {missing}"
-    pip_dry_run([*image_platform_args(), "--no-deps", "-r", str(ROOT / "requirements-models.txt")],
-                tmp_path / "models.json")
+    IMAGE_MODELS_RESOLUTION.result()
 
 
 def test_image_pins_equal_the_cpu_pins_outside_the_server_stack():
@@ -683,15 +713,33 @@ def public_index_env() -> dict:
     return env
 
 
-def test_a_checkout_resolves_from_the_public_index_alone(tmp_path):
+def checkout_requirements() -> list[str]:
+    result = bash('source "$1" && printf "%s\\0" "${PIP_REQUIREMENTS[@]}"', str(SCRIPTS / "env.sh"),
+                  env=project_env())
+    return result.stdout.split("\0")[:-1]
+
+
+IMAGE_RESOLUTION = BackgroundDryRun(lambda: [*image_platform_args(), *image_requirements()])
+IMAGE_MODELS_RESOLUTION = BackgroundDryRun(
+    lambda: [*image_platform_args(), "--no-deps", "-r", str(ROOT / "requirements-models.txt")])
+CHECKOUT_RESOLUTION = BackgroundDryRun(checkout_requirements, public_index_env)
+BACKGROUND = {"test_image_pins_resolve_for_the_image_python_and_platform": (IMAGE_RESOLUTION, IMAGE_MODELS_RESOLUTION),
+              "test_a_checkout_resolves_from_the_public_index_alone": (CHECKOUT_RESOLUTION,)}
+
+
+def prepare_in_background(test_name: str) -> None:
+    """Called by tests/conftest.py for each collected test of this module."""
+    if test_name in BACKGROUND and pypi_reachable():
+        for resolution in BACKGROUND[test_name]:
+            resolution.start()
+
+
+def test_a_checkout_resolves_from_the_public_index_alone():
     """scripts/setup.sh's pins (the development set included) on a machine whose pip reaches only
     the public index; every package it resolves is pinned in constraints.txt."""
     if not pypi_reachable():
         pytest.skip(f"{PYPI} is not reachable: the pins cannot be resolved offline")
-    result = bash('source "$1" && printf "%s\\0" "${PIP_REQUIREMENTS[@]}"', str(SCRIPTS / "env.sh"),
-                  env=project_env())
-    requirements = result.stdout.split("\0")[:-1]
-    found = pip_dry_run(requirements, tmp_path / "report.json", env=public_index_env())
+    found = CHECKOUT_RESOLUTION.result()
     missing = unpinned(found, ROOT / "constraints.txt")
     assert not missing, f"resolved from the public index but not pinned in constraints.txt: {missing}"
     assert found["torch"] == pins(ROOT / "constraints.txt")["torch"]  # the public build: no +cpu there

@@ -278,8 +278,11 @@ class SyntheticEngine(Engine):
         self._offset = np.zeros(slots, dtype=np.int64)  # its next id; >= its length: draw a new unit
         self._checked = np.zeros(slots, dtype=bool)
         self._extra = np.zeros(slots, dtype=bool)  # wants log probs or keeps its recent tokens for bad words
+        self._named = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tritonfront-synthetic", daemon=True)
         self._thread.start()
+        # CPU accounting reads the OS name from the first step on: the engine is not handed out before.
+        self._named.wait(5)
 
     @classmethod
     def from_folder(cls, model_dir: Path, config: EngineConfig) -> "SyntheticEngine":
@@ -374,6 +377,7 @@ class SyntheticEngine(Engine):
 
     def _run(self) -> None:
         threads.name_native({threading.get_native_id()}, ENGINE_THREAD_NAME)
+        self._named.set()
         try:
             last_end: Optional[float] = None  # the previous step's deadline while sequences run
             while True:
