@@ -1,6 +1,5 @@
-"""The `generate` ensemble with the llama.cpp engine as scripts/configure.py --engine llama_cpp
-deploys it (64 sequences: slots of 512 cells, a pool of 32,768, prefix reuse on) on a real
-tritonserver: greedy text of concurrent requests equals llama-cpp-python's own generation on the
+"""The committed `generate` ensemble, whose llm runs the llama.cpp engine (the CPU default: 64
+sequences, slots of 512 cells, a pool of 32,768, prefix reuse on), on a real tritonserver: greedy text of concurrent requests equals llama-cpp-python's own generation on the
 GGUF, one sequence at a time, decoded by the ensemble's tokenizer; 16 concurrent streams join to
 their whole answers; bad parameters are refused naming the input; a 6,000-token prompt is served
 (in the pool) while a prompt longer than the model's context is refused naming the limit; a
@@ -20,7 +19,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (scri
 
 from harness.clients.kserve import generate_inputs, tensor  # noqa: E402
 from harness.clients.streams import Streams, run_requests as run, single_error  # noqa: E402
-from harness.deploy import write_deployment  # noqa: E402
+from harness.deploy import GENERATE_MODELS, committed_llm_engine  # noqa: E402
 from harness.model_tokenizers import llm_tokenizer  # noqa: E402
 from harness.references import llama_cpp_greedy_reference, prompt_ids  # noqa: E402
 from harness.server import triton_server  # noqa: E402
@@ -37,9 +36,11 @@ CASES = [("The tallest mountain on Earth is", False), ("def reverse_string(s):",
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """The committed repositories themselves (their generate models), not a deployment written
+    from them: the 6,000-token prompt is served on what a user serves."""
+    assert committed_llm_engine() == "llama_cpp"
     out = tmp_path_factory.mktemp("llama_cpp")
-    repositories = write_deployment(out, "--engine", "llama_cpp", "--detokenizers", "2")
-    with triton_server(out / "server.log", repositories=repositories) as running:
+    with triton_server(out / "server.log", models=GENERATE_MODELS) as running:
         yield running
 
 
@@ -108,7 +109,10 @@ def test_a_6000_token_prompt_is_served_and_a_longer_one_than_the_context_refused
     good = Streams(server.grpc_url)
     good.send("good", generate_inputs(CASES[0][0], 8, stream=True))
     try:
-        long_text = " ".join(f"word{i}" for i in range(CONTEXT))  # several tokens each
+        # Over the context in tokens (about 4.8 a word), under the llm_tokenizer's max_text_bytes
+        # (65,536), which would refuse it first.
+        long_text = " ".join(f"word{i}" for i in range(CONTEXT // 4))
+        assert len(prompt_ids(long_text, chat=False)) > CONTEXT and len(long_text.encode()) < 65536
         message = single_error(server.grpc_url, generate_inputs(long_text, 8))
         assert "input_ids:" in message and f"in the context of {CONTEXT} tokens" in message, message
         good.wait(["good"])

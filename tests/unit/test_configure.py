@@ -115,9 +115,24 @@ def test_llama_cpp_gets_slots_and_a_pool_unless_set_otherwise(tmp_path):
     assert [llm["a"][key].string_value for key in keys] == ["64", "512", "32768", "true"]
     assert [llm["d"][key].string_value for key in keys] == ["64", "512", "32768", "true"]  # the same choice
     assert llm["b"]["kv_slot_tokens"].string_value == "0"
+    assert [llm["c"][key].string_value for key in ("engine", "max_num_seqs", "kv_slot_tokens", "kv_cache_tokens")] \
+        == ["hf", "256", "0", "32768"]
+
+
+def test_the_committed_llm_runs_the_committed_engine_with_its_parameters(tmp_path):
+    """llama_cpp is the committed default on the CPU, with what --engine llama_cpp would set (so a
+    deployment without --engine and one with it are the same); --gpus alone deploys hf (the
+    llama.cpp build is CPU-only, the images have none); harness.deploy reports the committed one
+    (scripts/test.sh's second pass of the contract tests runs the other)."""
+    from harness.deploy import committed_llm_engine
+
     committed = configure.load(configure.ROOT / "model_repository" / "llm" / "config.pbtxt").parameters
-    assert [llm["c"][key].string_value for key in ("max_num_seqs", "kv_cache_tokens")] == \
-        [committed[key].string_value for key in ("max_num_seqs", "kv_cache_tokens")]
+    assert committed_llm_engine() == configure.COMMITTED_ENGINE == committed["engine"].string_value == "llama_cpp"
+    assert {key: committed[key].string_value for key in configure.ENGINE_PARAMETERS["llama_cpp"]} == \
+        configure.ENGINE_PARAMETERS["llama_cpp"]
+    configure.main(["--out", str(tmp_path / "gpu"), "--gpus", "0"])
+    gpu = configure.load(tmp_path / "gpu" / "model_repository" / "llm" / "config.pbtxt").parameters
+    assert gpu["engine"].string_value == configure.GPU_DEFAULT_ENGINE == "hf"
 
 
 def test_synthetic_is_deployed_for_1024_streams_a_rank_on_each_of_its_ranks(tmp_path):
