@@ -58,9 +58,12 @@ RUN bash scripts/setup.sh --dependencies-only
 COPY . .
 RUN bash scripts/setup.sh
 
-# Encoder and one llm DP rank on GPU 0. More GPUs: scripts/configure.py --out DIR --gpus 0,1 and
-# TRITONFRONT_REPOSITORIES=DIR/model_repository:DIR/ensembles.
-RUN scripts/configure.py --out /opt/tritonfront/deploy --gpus 0 \
+# Encoder and one llm DP rank on GPU 0, engine hf. More GPUs: scripts/configure.py --out DIR --gpus 0,1
+# and TRITONFRONT_REPOSITORIES=DIR/model_repository:DIR/ensembles. deploy-cpu: the committed CPU
+# configs with engine hf (the committed llama_cpp needs llama-cpp-python, which this image does not
+# build: scripts/setup.sh), served by deploy/kubernetes/base.
+RUN scripts/configure.py --out /opt/tritonfront/deploy --gpus 0 --engine hf \
+ && scripts/configure.py --out /opt/tritonfront/deploy-cpu --engine hf \
  && mkdir -p "$HF_HOME" && chown -R "$UID:$UID" "$TRITONFRONT_CACHE"
 ENV TRITONFRONT_REPOSITORIES=/opt/tritonfront/deploy/model_repository:/opt/tritonfront/deploy/ensembles \
     VIRTUAL_ENV=/opt/tritonfront/.venv \

@@ -19,10 +19,12 @@ ALL_MODELS = ("tokenizer", "encoder", "pooler", "embed", "llm_tokenizer", "llm",
 # An engine name: the tests' `server` runs scripts/configure.py --engine NAME instead of the
 # committed deployment (.ci/run's second pass of the contract tests).
 TEST_ENGINE_VARIABLE = "TRITONFRONT_TEST_ENGINE"
-# What that deployment sets beyond --engine. llama_cpp: no prompt reuse, since the contract tests
+# What that deployment sets beyond --engine. llama_cpp: no prefix reuse, since the contract tests
 # compare requests of the same prompt (streamed with whole, against the reference) token for
 # token, and a request fed after a reused prefix can part from a fresh one on a near tie (llama.cpp's
-# flash attention computes a token fed alone differently: docs/configuration.md, Prompt reuse).
+# flash attention computes a prompt of 64 tokens or more fed whole differently from its rest fed
+# alone: docs/design.md). Their prompts fit the slots, where a request's logits do not depend on
+# what else runs.
 TEST_ENGINE_SETTINGS = {"llama_cpp": ("--set", "llm.prompt_cache=false")}
 
 

@@ -36,7 +36,7 @@ peers_bench = load_module(Path(__file__).with_name("bench_peers.py"), "perf_benc
 
 ENGINE_CORE, FRONT_END_CORE = 0, 1
 SETTINGS = {"hf": {"num_threads": 1},
-            "llama_cpp": {"max_num_seqs": 64, "kv_cache_tokens": 32768, "kv_unified": "false", "num_threads": 1}}
+            "llama_cpp": {"max_num_seqs": 64, "kv_slot_tokens": 512, "kv_cache_tokens": 32768, "num_threads": 1}}
 TF, IN_PROCESS = "tritonfront", "engine in-process"
 
 

@@ -14,8 +14,9 @@ measurement.
 llama: the `generate` ensemble with the llama_cpp engine (scripts/configure.py --engine llama_cpp) vs
 llama.cpp's own `llama-server` (built from the llama.cpp that the pinned llama-cpp-python sdist
 vendors: the same version as the engine's bindings), on the same GGUF, with the same slots, KV cache
-(split per slot, llama-server's default with -np) and threads, the same streaming closed loops over
-/v1/completions; and the llama_cpp engine alone in-process (the ceiling).
+(split per slot, llama-server's default with -np; the engine has its pool beside them, which these
+short requests do not use) and threads, the same streaming closed loops over /v1/completions; and
+the llama_cpp engine alone in-process (the ceiling).
 
 embed: the `embed` ensemble (tritonclient gRPC, and KServe HTTP) vs Infinity (its torch engine,
 batch size 32, OpenAI-style /embeddings over HTTP), the same MiniLM folder: closed loops of N
@@ -299,9 +300,11 @@ def llama_phase(args, rep) -> dict:
     from tritonfront.core.model_config import LLMConfig
     from harness.deploy import GENERATE_MODELS, write_deployment
 
-    # llama-server -np SLOTS -c CONTEXT -t THREADS (STACK.md's run) and the same for the llama_cpp engine.
-    settings = {"engine": "llama_cpp", "max_num_seqs": args.llama_slots, "kv_cache_tokens": args.llama_context,
-                "kv_unified": "false", "num_threads": args.llama_threads}
+    # llama-server -np SLOTS -c CONTEXT -t THREADS (STACK.md's run) and the same for the llama_cpp engine:
+    # its slots of CONTEXT / SLOTS cells, and beside them its pool of CONTEXT cells.
+    settings = {"engine": "llama_cpp", "max_num_seqs": args.llama_slots,
+                "kv_slot_tokens": args.llama_context // args.llama_slots, "kv_cache_tokens": args.llama_context,
+                "num_threads": args.llama_threads}
     repositories = write_deployment(RAW / "bench_peers_llama_deployment", "--engine", "llama_cpp",
                                     *(f"--set=llm.{k}={v}" for k, v in settings.items() if k != "engine"),
                                     keep=GENERATE_MODELS)
@@ -528,7 +531,8 @@ def main() -> None:
         text_tokens=[90, 400], clients=[1, 16, 64, 256], batch=(32, "texts per request in the batched setting"),
         batch_clients=[1, 4], embed_duration=(15.0, "seconds per measurement"),
         llama_slots=(64, "llama-server -np and the llama_cpp engine's max_num_seqs"),
-        llama_context=(32768, "llama-server -c and the llama_cpp engine's kv_cache_tokens (split per slot)"),
+        llama_context=(32768, "llama-server -c (split per slot); the llama_cpp engine's slots (kv_slot_tokens = this "
+                              "/ slots) and its pool (kv_cache_tokens)"),
         llama_threads=(2, "llama-server -t and the llama_cpp engine's num_threads"),
         only=(None, "generate, llama or embed: run one phase", {"choices": ["generate", "llama", "embed"]}))
     if args.only:  # one phase's results go beside the whole run's, not over them

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Writes a deployment of the committed repositories with different placement or sizes.
 
-The committed config.pbtxt files are the CPU default; this is the one place that changes them.
+The committed config.pbtxt files are the CPU default (llm engine llama_cpp); this is the one place
+that changes them. `--engine hf` serves transformers instead (--gpus alone does too).
 Each model's config is rewritten, its version folder is a symlink to the committed one, so
 code is never copied.
 
     scripts/configure.py --out /tmp/deploy --dp 2 --detokenizers 4
+    scripts/configure.py --out /tmp/deploy --engine hf
     scripts/configure.py --out /tmp/deploy --gpus 0,1 --engine tensorrt_llm
     scripts/configure.py --out /tmp/deploy --dp 2 --engine synthetic --set llm.synthetic_step_ms=10
     scripts/configure.py --out /tmp/deploy --queue encoder=256:2000 --queue llm=128:30000
@@ -52,11 +54,23 @@ ROOT = Path(__file__).resolve().parents[1]
 REPOSITORIES = ("model_repository", "ensembles")
 # Models whose work is a transformer forward pass: the ones --gpus moves to the GPU.
 GPU_MODELS = ("encoder", "llm")
-# What an engine needs beyond its name for the outputs the contract promises under load (greedy
-# exact, streamed == whole): llama.cpp's unified KV cache computes a sequence's later logits
-# differently once another sequence's cells are freed (docs/configuration.md), so llama_cpp gets a
-# cache per sequence, 64 sequences of 1,024 tokens (llama-server's -np 64 layout). --set overrides.
-ENGINE_PARAMETERS = {"llama_cpp": {"kv_unified": "false", "max_num_seqs": "64", "kv_cache_tokens": "65536"}}
+# What an engine needs beyond its name. llama_cpp: 64 sequences; a request runs in a slot of 512
+# cells of its own while its tokens fit (llama-server's -np layout: each sequence attends over its
+# own cells, so 64 short streams run as fast as there), else in a pool of 32,768 cells that any
+# request may fill up to the model's context (8,192 for SmolLM2), with prefix reuse on; the two
+# take 1.4 GiB for SmolLM2 (22.5 KiB per token), as the 64 x 1,024 slots did before
+# (docs/configuration.md, The llama.cpp engine). --set overrides.
+ENGINE_PARAMETERS = {"llama_cpp": {"max_num_seqs": "64", "kv_slot_tokens": "512", "kv_cache_tokens": "32768",
+                                   "prompt_cache": "true"}}
+# The committed llm runs llama_cpp, the fastest engine on the CPU (README, The default engine): its
+# config.pbtxt carries ENGINE_PARAMETERS["llama_cpp"] (tests/unit/test_configure.py keeps them
+# equal). hf: 256 sequences in transformers' paged cache of 32,768 tokens (no slots; prompt_cache
+# is llama_cpp's alone).
+COMMITTED_ENGINE = "llama_cpp"
+ENGINE_PARAMETERS["hf"] = {"max_num_seqs": "256", "kv_slot_tokens": "0", "kv_cache_tokens": "32768"}
+# On GPUs without --engine: hf. The llama-cpp-python that setup.sh builds is CPU-only, and the
+# images (TRITONFRONT_TRITON_HOME) have no llama.cpp at all.
+GPU_DEFAULT_ENGINE = "hf"
 # The declarations whose tensors the committed configs carry between their GENERATED markers
 # (tritonfront.core.config_tensors): --write-committed rewrites those lines from them.
 DECLARATIONS = (trtllm_contract.GENERATE_PIPELINE, llmapi_contract.LLMAPI_PIPELINE, llmapi_contract.LLMAPI_MODEL)
@@ -167,6 +181,8 @@ def build(args) -> list[tuple[str, Path, model_config_pb2.ModelConfig]]:
             if conflict:  # the committed wait, which this deployment rules out
                 config.dynamic_batching.max_queue_delay_microseconds = 0
             engine = args.engine or next((value for key, _, value in overrides if key == "llm.engine"), None)
+            if args.gpus and not engine:
+                engine = GPU_DEFAULT_ENGINE
             if engine and name == "llm":
                 set_parameter(config, "engine", engine)
                 for parameter, value in ENGINE_PARAMETERS.get(engine, {}).items():
@@ -300,7 +316,8 @@ def main(argv=None) -> None:
                              "from their declarations (src/tritonfront/core/trtllm_contract.py, llmapi_contract.py)")
     parser.add_argument("--dp", type=count, help="llm instances = data-parallel ranks (CPU)")
     parser.add_argument("--gpus", type=gpu_list, help="e.g. 0,1: encoder on these GPUs, one llm DP rank per GPU")
-    parser.add_argument("--engine", choices=PARAMETERS["llm"]["engine"].choices, help="llm engine")
+    parser.add_argument("--engine", choices=PARAMETERS["llm"]["engine"].choices,
+                        help=f"llm engine (committed: {COMMITTED_ENGINE}; with --gpus: {GPU_DEFAULT_ENGINE})")
     parser.add_argument("--detokenizers", type=count, help="detokenizer instance count")
     parser.add_argument("--tokenizers", type=count, help="tokenizer and llm_tokenizer instance count")
     parser.add_argument("--encoders", type=count, help="encoder instance count (CPU)")

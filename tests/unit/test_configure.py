@@ -41,7 +41,8 @@ def refused(capsys, tmp_path, *args) -> str:
     (["--gpus", "0,0"], "GPU indices must be distinct integers >= 0"),
     (["--gpus", "0", "--dp", "2"], "--dp is the number of GPUs when --gpus is given"),
     (["--engine", "llama.cpp"], "argument --engine: invalid choice: 'llama.cpp'"),
-    (["--set", "llm.kv_unified=no"], "parameter kv_unified: 'no' is not allowed; it must be one of true, false"),
+    (["--set", "llm.kv_slot_tokens=-256"], "parameter kv_slot_tokens: '-256' is not allowed; it must be an integer >= 0"),
+    (["--set", "llm.kv_unified=false"], "llm has no parameter 'kv_unified'"),
 ])
 def test_refuses_and_names_what_is_wrong(capsys, tmp_path, args, message):
     assert message in refused(capsys, tmp_path, *args)
@@ -92,7 +93,7 @@ def test_llama_cpp_ranks_each_get_the_engine_and_a_share_of_the_cores(tmp_path):
     from tritonfront.core.model_config import from_model_config
 
     out = tmp_path / "deploy"
-    configure.main(["--out", str(out), "--dp", "2", "--engine", "llama_cpp", "--set", "llm.kv_unified=false"])
+    configure.main(["--out", str(out), "--dp", "2", "--engine", "llama_cpp", "--set", "llm.kv_slot_tokens=0"])
     llm = configure.load(out / "model_repository" / "llm" / "config.pbtxt")
     assert llm.instance_group[0].count == 2 and list(llm.dynamic_batching.preferred_batch_size) == [1]
     assert llm.parameters["engine"].string_value == "llama_cpp"
@@ -100,23 +101,38 @@ def test_llama_cpp_ranks_each_get_the_engine_and_a_share_of_the_cores(tmp_path):
                                        "model_transaction_policy": {"decoupled": True},
                                        "parameters": {k: {"string_value": v.string_value}
                                                       for k, v in llm.parameters.items()}})
-    assert config.engine == "llama_cpp" and config.kv_unified == "false" and config.num_threads == 0
+    assert config.engine == "llama_cpp" and config.kv_slot_tokens == 0 and config.num_threads == 0
 
 
-def test_llama_cpp_gets_a_cache_per_sequence_unless_set_otherwise(tmp_path):
+def test_llama_cpp_gets_slots_and_a_pool_unless_set_otherwise(tmp_path):
     configure.main(["--out", str(tmp_path / "a"), "--engine", "llama_cpp"])
-    configure.main(["--out", str(tmp_path / "b"), "--engine", "llama_cpp", "--set", "llm.kv_unified=true"])
+    configure.main(["--out", str(tmp_path / "b"), "--engine", "llama_cpp", "--set", "llm.kv_slot_tokens=0"])
     configure.main(["--out", str(tmp_path / "c"), "--engine", "hf"])
     configure.main(["--out", str(tmp_path / "d"), "--set", "llm.engine=llama_cpp"])
     llm = {name: configure.load(tmp_path / name / "model_repository" / "llm" / "config.pbtxt").parameters
            for name in "abcd"}
-    assert llm["d"]["kv_unified"].string_value == "false"  # --set llm.engine=... is the same choice
-    assert [llm["a"][key].string_value for key in ("kv_unified", "max_num_seqs", "kv_cache_tokens")] == \
-        ["false", "64", "65536"]
-    assert llm["b"]["kv_unified"].string_value == "true"
+    keys = ("max_num_seqs", "kv_slot_tokens", "kv_cache_tokens", "prompt_cache")
+    assert [llm["a"][key].string_value for key in keys] == ["64", "512", "32768", "true"]
+    assert [llm["d"][key].string_value for key in keys] == ["64", "512", "32768", "true"]  # the same choice
+    assert llm["b"]["kv_slot_tokens"].string_value == "0"
+    assert [llm["c"][key].string_value for key in ("engine", "max_num_seqs", "kv_slot_tokens", "kv_cache_tokens")] \
+        == ["hf", "256", "0", "32768"]
+
+
+def test_the_committed_llm_runs_the_committed_engine_with_its_parameters(tmp_path):
+    """llama_cpp is the committed default on the CPU, with what --engine llama_cpp would set (so a
+    deployment without --engine and one with it are the same); --gpus alone deploys hf (the
+    llama.cpp build is CPU-only, the images have none); harness.deploy reports the committed one
+    (scripts/test.sh's second pass of the contract tests runs the other)."""
+    from harness.deploy import committed_llm_engine
+
     committed = configure.load(configure.ROOT / "model_repository" / "llm" / "config.pbtxt").parameters
-    assert [llm["c"][key].string_value for key in ("max_num_seqs", "kv_cache_tokens")] == \
-        [committed[key].string_value for key in ("max_num_seqs", "kv_cache_tokens")]
+    assert committed_llm_engine() == configure.COMMITTED_ENGINE == committed["engine"].string_value == "llama_cpp"
+    assert {key: committed[key].string_value for key in configure.ENGINE_PARAMETERS["llama_cpp"]} == \
+        configure.ENGINE_PARAMETERS["llama_cpp"]
+    configure.main(["--out", str(tmp_path / "gpu"), "--gpus", "0"])
+    gpu = configure.load(tmp_path / "gpu" / "model_repository" / "llm" / "config.pbtxt").parameters
+    assert gpu["engine"].string_value == configure.GPU_DEFAULT_ENGINE == "hf"
 
 
 def test_synthetic_is_deployed_for_1024_streams_a_rank_on_each_of_its_ranks(tmp_path):

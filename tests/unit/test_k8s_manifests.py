@@ -135,7 +135,10 @@ def test_probes_watch_readiness_and_give_model_load_its_time():
     assert startup["httpGet"]["port"] in ports
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 3 * MEASURED_STARTUP_S
     env = {item["name"]: item["value"] for item in spec["env"]}
-    assert env == {"BIND_ADDRESS": "0.0.0.0", "TRITONFRONT_REPOSITORIES": ""}  # the committed CPU configs
+    # The committed CPU configs with engine hf, written by the image's build (it has no llama.cpp).
+    cpu = "/opt/tritonfront/deploy-cpu"
+    assert env == {"BIND_ADDRESS": "0.0.0.0", "TRITONFRONT_REPOSITORIES": f"{cpu}/model_repository:{cpu}/ensembles"}
+    assert f"scripts/configure.py --out {cpu} --engine hf" in (ROOT / "Dockerfile").read_text()
     assert spec["resources"]["requests"]["cpu"] == "2"
     volumes = find(base_resources(), "Deployment", "tritonfront")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in spec["volumeMounts"]

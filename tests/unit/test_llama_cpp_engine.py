@@ -1,13 +1,18 @@
 """The llama.cpp engine on the bundled GGUF, against llama-cpp-python's own single-sequence
-generation (Llama.generate, greedy) and the logits its context computes: greedy ids equal alone and in a batch of
-concurrent sequences, log probs are the log-softmax of the logits llama.cpp computes,
-seeded sampling does not depend on the batch (with a cache per sequence; in the unified cache while
-no other sequence ends), the sampling features do what they say, a cancelled or
-finished sequence's KV cells go back (asked of llama.cpp's memory itself; an ended prompt stays on its
-seq_id for the next request there, prompt_cache), and what the engine
-cannot do or a request that does not fit is refused by name. Prompts are not the tests' fixtures
-(harness.corpora.PROMPTS)."""
-import dataclasses
+generation (greedy) and the logits its context computes.
+
+In the slots (each sequence attending over its own cells, as llama-cpp-python's one sequence
+does) greedy ids equal the reference's alone and in a batch, log probs are the log-softmax of the
+logits llama.cpp computes, and seeded sampling does not depend on the batch. In the pool (one
+unified cache) llama.cpp's floating point depends on what shares the cache and the batch
+(docs/design.md, "The llama.cpp engine's KV cache"): there a greedy run is compared with the
+reference within a stated tolerance, equal token for token until the reference itself had a near
+tie (NEAR_TIE), its log probs within LOG_PROB_TOLERANCE. The pool serves a 6,000-token prompt,
+serves requests that together exceed it (they wait or are preempted, none is cut short), reuses a
+kept prefix (counted) and evicts kept prefixes least recently used first; every ended or
+cancelled sequence's KV cells go back but those kept (asked of llama.cpp's memory itself). What
+the engine cannot do, or a request that does not fit the context, is refused by name. Prompts are
+not the tests' fixtures (harness.corpora.PROMPTS)."""
 import json
 import math
 import time
@@ -18,16 +23,21 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (scripts/setup.sh builds it)")
 
 from harness.engine_runs import generated, run  # noqa: E402
-from harness.references import llama_cpp_greedy_reference, llama_cpp_reference  # noqa: E402
+from harness.references import (assert_greedy_within_tolerance, llama_cpp_greedy_reference,  # noqa: E402
+                                llama_cpp_reference, llama_cpp_scored_greedy)
 from tritonfront.core import model_sources  # noqa: E402
-from tritonfront.engines import EngineConfig, SamplingParams, create_engine  # noqa: E402
+from tritonfront.engines import EngineConfig, EngineOutput, SamplingParams, create_engine  # noqa: E402
 from tritonfront.engines.base import GuidedDecoding  # noqa: E402
 from tritonfront.errors import InvalidInput  # noqa: E402
 
 PROMPTS = ["The chemical symbol for gold is", "A good recipe for pancakes needs", "def is_prime(n):\n",
            "In 1969, the first person to walk on the moon was", "My favourite season is autumn because",
            "Ten green bottles hanging on the wall,"]
-KV_CELLS = 4096
+POOL_CELLS = 4096
+SLOT_CELLS = 256
+SLOTS = 8
+# A system prompt of ~330 tokens: past a slot, so requests that start with it run in the pool.
+SYSTEM = " ".join(f"Rule {i}: answer briefly and politely." for i in range(40))
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +45,25 @@ def gguf():
     return model_sources.llm_gguf_file()
 
 
+def make_engine(gguf, **settings):
+    config = dict(kv_cache_tokens=POOL_CELLS, kv_slot_tokens=SLOT_CELLS, max_num_seqs=SLOTS, num_threads=2,
+                  gguf_file=str(gguf))
+    config.update(settings)
+    return create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu", EngineConfig(**config))
+
+
 @pytest.fixture(scope="module")
 def engine(gguf):
-    engine = create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu",
-                           EngineConfig(kv_cache_tokens=KV_CELLS, max_num_seqs=16, num_threads=2,
-                                        gguf_file=str(gguf)))
+    """Slots and a pool, as deployed (scripts/configure.py), smaller."""
+    engine = make_engine(gguf)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pool_engine(gguf):
+    """No slots: every request in a pool of 2,048 cells."""
+    engine = make_engine(gguf, kv_cache_tokens=2048, kv_slot_tokens=0)
     yield engine
     engine.shutdown()
 
@@ -57,23 +81,23 @@ def reference_greedy(prompt: list[int], max_tokens: int) -> list[int]:
     return llama_cpp_greedy_reference([prompt], max_tokens)[0]
 
 
-
 def wait_until_empty(engine, timeout: float = 30) -> None:
-    """Until no sequence runs and llama.cpp's memory holds only the prompts free seq_ids keep."""
+    """Until no sequence runs and llama.cpp's memory holds only the prefixes kept for reuse."""
     deadline = time.monotonic() + timeout
-    while engine.kv_cache_blocks() or engine.memory_cells() != engine.kept_prompt_cells():
-        assert time.monotonic() < deadline, (engine.kv_cache_blocks(), engine.memory_cells(), engine.kept_prompt_cells())
+    while engine.kv_cache_blocks() or engine.memory_cells() != engine.cached_cells():
+        assert time.monotonic() < deadline, (engine.kv_cache_blocks(), engine.memory_cells(), engine.cached_cells())
         engine.outputs(0.05)
 
 
 def test_the_engine_reports_the_models_facts(engine, reference):
     assert engine.vocab_size == reference.n_vocab() == 49152
-    assert engine.context_length == KV_CELLS  # below the model's training context of 8192
-    assert engine.kv_cache_capacity_blocks() == KV_CELLS
+    assert engine.context_length == POOL_CELLS  # the pool's, below the model's training context of 8192
+    assert engine.slot_tokens == SLOT_CELLS
+    assert engine.kv_cache_capacity_blocks() == POOL_CELLS + SLOTS * SLOT_CELLS
     assert 2 in engine.eos_token_ids  # <|im_end|>, the chat template's end
 
 
-def test_greedy_alone_and_in_a_batch_equals_llama_cpp_pythons_generate(engine, reference):
+def test_greedy_in_slots_alone_and_in_a_batch_equals_llama_cpp_pythons_generate(engine, reference):
     prompts = [tokens(reference, p) for p in PROMPTS]
     expected = [reference_greedy(ids, 24) for ids in prompts]
     alone = [generated(engine, {"a": (ids, SamplingParams(max_tokens=24))})["a"] for ids in prompts]
@@ -83,15 +107,15 @@ def test_greedy_alone_and_in_a_batch_equals_llama_cpp_pythons_generate(engine, r
     wait_until_empty(engine)
 
 
-def test_a_prompt_longer_than_a_batch_is_fed_in_chunks(engine, reference):
-    # 512 tokens per step by default: a ~1400-token prompt takes three steps beside the others (and
-    # fits the reference's context of 2048).
+def test_a_prompt_longer_than_a_batch_is_fed_in_chunks_in_the_pool(engine, reference):
+    # 512 tokens per step by default: a ~1400-token prompt takes three steps (and fits the
+    # reference's context of 2048) in the pool, while a short request runs in a slot beside it.
     long_prompt = tokens(reference, " ".join(f"item {i}," for i in range(250)))
     assert 1024 < len(long_prompt) < 2048 - 8
-    expected = reference_greedy(long_prompt, 8)
-    got = generated(engine, {"long": (long_prompt, SamplingParams(max_tokens=8)),
-                             "short": (tokens(reference, PROMPTS[0]), SamplingParams(max_tokens=30))})
-    assert got["long"] == expected
+    got = run(engine, {"long": (long_prompt, SamplingParams(max_tokens=8, return_log_probs=True)),
+                       "short": (tokens(reference, PROMPTS[0]), SamplingParams(max_tokens=30))})
+    assert_greedy_within_tolerance(got["long"], llama_cpp_scored_greedy(long_prompt, 8))
+    wait_until_empty(engine)
 
 
 def test_greedy_log_probs_are_the_log_softmax_of_llama_cpps_logits(engine, reference):
@@ -123,140 +147,117 @@ def test_sampled_log_probs_are_those_of_the_truncated_distribution(engine, refer
         assert token in dict(top) and dict(top)[token] == pytest.approx(out.log_probs[step])
 
 
-@pytest.fixture(scope="module")
-def split_engine(gguf):
-    """kv_unified false: each of 8 sequences its own 512 cells (llama-server's -np layout)."""
-    engine = create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu",
-                           EngineConfig(kv_cache_tokens=8 * 512, max_num_seqs=8, num_threads=2,
-                                        gguf_file=str(gguf), kv_unified=False))
-    yield engine
-    engine.shutdown()
-
-
-def test_each_step_is_in_seq_id_order_and_new_sequences_take_the_lowest_free_ids(split_engine, reference,
-                                                                                    monkeypatch):
-    """With a cache per sequence, llama.cpp runs a batch as one forward pass per run of consecutive
-    seq_ids in batch order (llama_batch_allocr::split_equal): the batch must list the sequences in
-    seq_id order, and the ids must stay compact as sequences end and others start (with the prompts
-    that finished ones keep on their ids, prompt_cache's default)."""
+def recording_decodes(monkeypatch):
+    """Each llama_decode's (seq_id, position) pairs, and the context it ran on."""
     from tritonfront.engines import llama_cpp as engine_module
 
     steps = []
     decode = engine_module.llama.llama_decode
 
     def recording(ctx, batch):
-        n = batch.n_tokens
-        steps.append([batch.seq_id[i][0] for i in range(n)])
+        steps.append((ctx.value if hasattr(ctx, "value") else ctx,
+                      [(batch.seq_id[i][0], batch.pos[i]) for i in range(batch.n_tokens)]))
         return decode(ctx, batch)
 
     monkeypatch.setattr(engine_module.llama, "llama_decode", recording)
-    prompts = [tokens(reference, p) for p in PROMPTS]
-    # Ten requests on 8 seq_ids, the first six ending after 2..7 tokens: the last two start on the
-    # ids the first ones gave back, while the others run on.
-    requests = {f"a{i}": (ids, SamplingParams(max_tokens=2 + i)) for i, ids in enumerate(prompts)}
-    requests.update({f"b{i}": (prompts[i % len(prompts)], SamplingParams(max_tokens=6)) for i in range(4)})
-    generated(split_engine, requests)
-    assert steps and all(ids == sorted(ids) for ids in steps), steps
-    used = sorted({i for ids in steps for i in ids})
-    assert used == list(range(len(used))) and len(used) <= 8, used
+    return steps
 
 
-def test_an_ended_prompt_stays_on_its_seq_id_for_the_next_request_there(gguf, reference, monkeypatch):
-    """With a cache per sequence a finished sequence's prompt keeps its cells on its seq_id; the
-    next request given that seq_id is fed only what follows the prefix the two share, and
-    generates what llama-cpp-python generates from the whole prompt. A cancelled sequence keeps
-    its prompt the same way and frees what it generated; with prompt_cache false nothing stays."""
-    from tritonfront.engines import llama_cpp as engine_module
+def slot_steps(engine, steps) -> list[list[tuple[int, int]]]:
+    context = engine._slot_context.ctx
+    key = context.value if hasattr(context, "value") else context
+    return [fed for ctx, fed in steps if ctx == key]
 
-    config = EngineConfig(kv_cache_tokens=4 * 512, max_num_seqs=4, num_threads=2, gguf_file=str(gguf),
-                          kv_unified=False)
-    split_engine = create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu", config)
+
+def test_slots_are_fed_in_seq_id_order_and_new_sequences_take_the_lowest_free_ones(gguf, reference, monkeypatch):
+    """In the slots llama.cpp runs a batch as one forward pass per run of consecutive seq_ids in
+    batch order (llama_batch_allocr::split_equal): the batch must list the sequences in seq_id
+    order, and the ids must stay compact as sequences end and others start, whatever the ended
+    ones keep."""
+    slotted = make_engine(gguf)
     try:
-        check_prompt_reuse(split_engine, reference, monkeypatch, engine_module)
+        steps = recording_decodes(monkeypatch)
+        prompts = [tokens(reference, p) for p in PROMPTS]
+        # Ten requests on 8 slots, the first six ending after 2..7 tokens: the last two start on the
+        # slots the first ones gave back, while the others run on.
+        requests = {f"a{i}": (ids, SamplingParams(max_tokens=2 + i)) for i, ids in enumerate(prompts)}
+        requests.update({f"b{i}": (prompts[i % len(prompts)], SamplingParams(max_tokens=6)) for i in range(4)})
+        generated(slotted, requests)
+        fed = [[seq_id for seq_id, _ in step] for step in slot_steps(slotted, steps)]
+        assert fed and all(ids == sorted(ids) for ids in fed), fed
+        used = sorted({i for ids in fed for i in ids})
+        assert used == list(range(len(used))) and len(used) <= SLOTS, used
     finally:
-        split_engine.shutdown()
-    uncached = create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu",
-                             dataclasses.replace(config, prompt_cache=False))
+        slotted.shutdown()
+
+
+def test_a_slot_keeps_an_ended_prompt_for_the_next_request_there_and_another_slot_copies_it(gguf, reference,
+                                                                                           monkeypatch):
+    """A finished sequence's slot keeps what it held; the next request on that slot is fed only
+    what follows the prefix they share, and one on another slot gets it copied (a whole slot is
+    copied, then trimmed). Both generate what llama-cpp-python generates from the whole prompt,
+    within tolerance: the rest of the prompt is fed apart from its prefix. A cancelled sequence
+    keeps what it was fed the same way; with prompt_cache false nothing stays."""
+    slotted = make_engine(gguf, max_num_seqs=2)
     try:
-        prompt = tokens(reference, PROMPTS[4])
-        assert generated(uncached, {"first": (prompt, SamplingParams(max_tokens=5))})["first"] == \
-            reference_greedy(prompt, 5)
+        steps = recording_decodes(monkeypatch)
+        base = tokens(reference, PROMPTS[4] + " the leaves turn red and gold and the air smells of rain")
+        longer = base + tokens(reference, " and the days grow short")
+        assert 16 < len(base) < len(longer) < SLOT_CELLS - 16
+        first = generated(slotted, {"first": (base, SamplingParams(max_tokens=5))})["first"]
+        assert first == reference_greedy(base, 5)
+        held = len(base) + len(first) - 1  # the last generated token is never fed
+        assert slotted.cached_cells() == held == slotted.memory_cells()
+        queries, hits = slotted.prefix_cache_tokens()
+        steps.clear()
+        second = run(slotted, {"second": (longer, SamplingParams(max_tokens=8, return_log_probs=True))})["second"]
+        assert slot_steps(slotted, steps)[0] == [(0, p) for p in range(len(base), len(longer))]  # the rest only
+        assert_greedy_within_tolerance(second, llama_cpp_scored_greedy(longer, 8))
+        assert slotted.prefix_cache_tokens() == (queries + len(longer), hits + len(base))
+        # Slot 0 keeps `longer` now. A request that extends it runs there (in place); the next one
+        # goes to slot 1 and gets the prefix copied from slot 0, which runs on.
+        slotted.add("running", longer + [7], SamplingParams(max_tokens=400, min_tokens=400))
+        while not any(o.request_id == "running" and o.token_ids for o in slotted.outputs(0.05)):
+            pass
+        steps.clear()
+        slotted.add("third", longer + [13], SamplingParams(max_tokens=4, return_log_probs=True))
+        third = EngineOutput("third")
+        while not third.finished:
+            for output in slotted.outputs(0.05):
+                if output.request_id == "third":
+                    third.token_ids += output.token_ids
+                    third.log_probs += output.log_probs
+                    third.finished = output.finished
+        assert [position for seq_id, position in slot_steps(slotted, steps)[0] if seq_id == 1] == [len(longer)]
+        assert_greedy_within_tolerance(third, llama_cpp_scored_greedy(longer + [13], 4))
+        slotted.cancel("running")
+        wait_until_empty(slotted)
+    finally:
+        slotted.shutdown()
+    uncached = make_engine(gguf, max_num_seqs=2, prompt_cache=False)
+    try:
+        assert generated(uncached, {"first": (base, SamplingParams(max_tokens=5))})["first"] == first
         wait_until_empty(uncached)
-        assert uncached.kept_prompt_cells() == 0 == uncached.memory_cells()
+        assert uncached.cached_cells() == 0 == uncached.memory_cells()
+        assert uncached.prefix_cache_tokens() == (0, 0)
     finally:
         uncached.shutdown()
-
-
-def check_prompt_reuse(split_engine, reference, monkeypatch, engine_module) -> None:
-    fed = []
-    decode = engine_module.llama.llama_decode
-
-    def recording(ctx, batch):
-        fed.append([(batch.seq_id[i][0], batch.pos[i]) for i in range(batch.n_tokens)])
-        return decode(ctx, batch)
-
-    monkeypatch.setattr(engine_module.llama, "llama_decode", recording)
-    base = tokens(reference, PROMPTS[4])
-    longer = base + tokens(reference, " the leaves turn red and gold")
-    assert generated(split_engine, {"first": (base, SamplingParams(max_tokens=5))})["first"] == reference_greedy(base, 5)
-    seq_id = fed[0][0][0]
-    assert split_engine.kept_prompt_cells() == len(base) == split_engine.memory_cells()
-    fed.clear()
-    assert generated(split_engine, {"second": (longer, SamplingParams(max_tokens=8))})["second"] == \
-        reference_greedy(longer, 8)
-    assert fed[0] == [(seq_id, position) for position in range(len(base), len(longer))]  # only the new tokens
-    assert split_engine.kept_prompt_cells() == len(longer) == split_engine.memory_cells()
-    split_engine.add("cancelled", longer, SamplingParams(max_tokens=400))
-    seen = 0
-    while seen < 3:
-        seen += sum(len(o.token_ids) for o in split_engine.outputs(0.05) if o.request_id == "cancelled")
-    split_engine.cancel("cancelled")
-    wait_until_empty(split_engine)
-    assert split_engine.kept_prompt_cells() == len(longer) == split_engine.memory_cells()
-
-
-def test_requests_admitted_together_take_the_lowest_free_ids_each_the_one_keeping_most_of_its_prompt():
-    from tritonfront.engines.llama_cpp import assign_seq_ids
-
-    kept = {0: [1, 2, 3], 1: [7, 8, 9, 10], 2: [7, 8], 5: [7, 8, 9, 10, 11]}
-    # Id 5 keeps the longest prefix of the second prompt but is not among the two lowest free ids.
-    assert assign_seq_ids([[1, 2, 4], [7, 8, 9, 10, 11, 12]], [0, 1], kept) == [0, 1]
-    assert assign_seq_ids([[7, 8, 9, 5], [1, 2, 3, 4]], [0, 1, 2], kept) == [1, 0]
-    assert assign_seq_ids([[7, 8, 0], [7, 8, 0], [9]], [0, 1, 2], kept) == [1, 2, 0]  # ties: the lowest
-    assert assign_seq_ids([[4], [5]], [3, 4], {}) == [3, 4]
 
 
 SEEDED = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.95, random_seed=2**40 + 7)
 
 
-def crowd(prompts: list, seeded: SamplingParams, ends_early: bool) -> dict:
-    """The seeded request beside six sampled ones, each with its own seed; with `ends_early` they
-    stop after 3..8 tokens, so their cells go back while the seeded one runs."""
-    requests = {f"c{i}": (ids, SamplingParams(max_tokens=3 + i if ends_early else 12, temperature=0.8,
-                                              random_seed=i, min_tokens=0 if ends_early else 12))
-                for i, ids in enumerate(prompts)}
-    requests["seeded"] = (prompts[0], seeded)
-    return requests
-
-
-def test_seeded_sampling_does_not_depend_on_the_batch_with_a_cache_per_sequence(split_engine, reference):
-    prompts = [tokens(reference, p) for p in PROMPTS]
-    alone = generated(split_engine, {"alone": (prompts[0], SEEDED)})["alone"]
-    assert generated(split_engine, crowd(prompts, SEEDED, ends_early=True))["seeded"] == alone
-    other = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.95, random_seed=99)
-    assert generated(split_engine, {"other": (prompts[0], other)})["other"] != alone
-
-
-def test_seeded_sampling_in_the_unified_cache_does_not_depend_on_sequences_that_run_on(engine, reference):
-    """The unified cache's guarantee is narrower (docs/configuration.md): when another sequence
-    ends and its cells are freed while this one runs, llama.cpp's logits for this one change
-    (measured up to 0.25 in a log probability, from the 7th token), so its draws may too. While
-    the others run on, the seeded request's tokens are those it gets alone: its own RNG, not one
-    the batch shares (the crowd draws with other seeds every step)."""
+def test_seeded_sampling_in_slots_does_not_depend_on_the_batch(engine, reference):
+    """Six sampled requests beside it, each with its own seed, stopping after 3..8 tokens: the
+    seeded request's tokens are those it gets alone (its own RNG, and its own cells)."""
     prompts = [tokens(reference, p) for p in PROMPTS]
     alone = generated(engine, {"alone": (prompts[0], SEEDED)})["alone"]
-    assert generated(engine, crowd(prompts, SEEDED, ends_early=False))["seeded"] == alone
-    assert generated(engine, {"again": (prompts[0], SEEDED)})["again"] == alone
+    crowd = {f"c{i}": (ids, SamplingParams(max_tokens=3 + i, temperature=0.8, random_seed=i))
+             for i, ids in enumerate(prompts)}
+    crowd["seeded"] = (prompts[0], SEEDED)
+    assert generated(engine, crowd)["seeded"] == alone
+    other = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.95, random_seed=99)
+    assert generated(engine, {"other": (prompts[0], other)})["other"] != alone
 
 
 def test_top_k_one_is_greedy_and_end_id_ends(engine, reference):
@@ -323,8 +324,10 @@ def test_a_guide_that_does_not_compile_is_refused_by_name(engine):
         engine.check_params(SamplingParams(max_tokens=4, guided_decoding=GuidedDecoding("regex", "(unclosed")))
 
 
-def test_cancelling_frees_the_sequences_kv_cells_and_others_go_on(engine, reference):
-    prompt = tokens(reference, PROMPTS[5])
+@pytest.mark.parametrize("where", ["slot", "pool"])
+def test_cancelling_frees_the_sequences_kv_cells_and_others_go_on(engine, reference, where):
+    prompt = tokens(reference, PROMPTS[5] if where == "slot" else SYSTEM + PROMPTS[5])
+    assert (len(prompt) < SLOT_CELLS) == (where == "slot")
     engine.add("long", prompt, SamplingParams(max_tokens=1000))
     seen = 0
     while seen < 5:
@@ -334,7 +337,7 @@ def test_cancelling_frees_the_sequences_kv_cells_and_others_go_on(engine, refere
     engine.cancel("long")
     after = generated(engine, {"next": (prompt, SamplingParams(max_tokens=6))})
     assert len(after["next"]) == 6
-    wait_until_empty(engine)  # llama.cpp's memory holds no cell of either
+    wait_until_empty(engine)  # llama.cpp's memory holds no cell of either but those kept
     assert not [o for o in engine.outputs(0.2) if o.request_id == "long"]
 
 
@@ -377,30 +380,114 @@ def test_requests_added_together_start_together_while_running_ones_go_on(engine,
     wait_until_empty(engine, timeout=3)
 
 
-def test_requests_beyond_the_cache_wait_for_cells_instead_of_failing(engine, reference):
-    # Each reserves prompt + max_tokens = half the cells: the third waits until one of the first two ends.
-    prompt = tokens(reference, " ".join(f"item {i}," for i in range(330)))
-    params = SamplingParams(max_tokens=KV_CELLS // 2 - len(prompt), min_tokens=KV_CELLS // 2 - len(prompt))
-    assert 2 * len(prompt) < KV_CELLS < 3 * len(prompt)
-    for rid in ("r0", "r1", "r2"):
-        engine.add(rid, prompt, params)
-    counts, started_before_an_end = {"r0": 0, "r1": 0, "r2": 0}, None
-    deadline = time.monotonic() + 300
-    while any(count < params.max_tokens for count in counts.values()):
-        assert time.monotonic() < deadline, counts
-        for output in engine.outputs(0.05):
-            assert output.error is None, output.error
-            counts[output.request_id] += len(output.token_ids)
-            if output.finished and started_before_an_end is None:
-                started_before_an_end = {rid for rid, count in counts.items() if count}
-    assert len(started_before_an_end) == 2  # the third was admitted only when cells came back
+@pytest.mark.timeout(1800)  # its prefill takes minutes on 2 busy cores
+def test_a_6000_token_prompt_is_served_in_the_pool(gguf, reference):
+    big = make_engine(gguf, kv_cache_tokens=0, max_num_seqs=2)  # the pool: the model's context, 8192
+    try:
+        assert big.context_length == 8192
+        prompt = tokens(reference, " ".join(f"line {i}: the quick brown fox." for i in range(800)))[:6000]
+        assert len(prompt) == 6000
+        # The prefill takes minutes on 2 busy cores.
+        out = run(big, {"big": (prompt, SamplingParams(max_tokens=8, min_tokens=8, return_log_probs=True)),
+                        "small": (tokens(reference, PROMPTS[3]), SamplingParams(max_tokens=8))}, timeout=1500)
+        assert len(out["big"].token_ids) == 8 and all(math.isfinite(lp) and lp <= 0 for lp in out["big"].log_probs)
+        assert len(out["small"].token_ids) == 8
+        with pytest.raises(InvalidInput, match=r"max_tokens: 2200 is outside 1\.\.2192 \(context of 8192 tokens"):
+            big.add("over", prompt, SamplingParams(max_tokens=2200))
+        wait_until_empty(big)
+    finally:
+        big.shutdown()
+
+
+@pytest.mark.timeout(1800)  # 1,200 tokens and the recomputed ones
+def test_requests_that_together_exceed_the_pool_all_complete_whole(pool_engine, reference):
+    """Eight requests of ~200 prompt tokens and 150 generated in a pool of 2,048 cells: they need
+    2,800. Admission waits for cells and the pool preempts the newest when a step does not fit;
+    every request gets all its tokens, each greedy run equal to the reference's within tolerance
+    (preempted ones are fed their prompt and tokens again)."""
+    prompts = [tokens(reference, f"{SYSTEM[:800]} Question {i}: what is {i} times {i + 3}?") for i in range(8)]
+    assert all(180 < len(p) < 260 for p in prompts)
+    preempted_before = pool_engine.preemptions
+    out = run(pool_engine, {f"r{i}": (p, SamplingParams(max_tokens=150, min_tokens=150, return_log_probs=True))
+                            for i, p in enumerate(prompts)}, timeout=900)
+    assert [len(out[f"r{i}"].token_ids) for i in range(8)] == [150] * 8
+    assert pool_engine.preemptions > preempted_before
+    for i in (0, 7):  # the first admitted, and the last
+        assert_greedy_within_tolerance(out[f"r{i}"], llama_cpp_scored_greedy(prompts[i], 150, min_tokens=150))
+    wait_until_empty(pool_engine)
+
+
+def test_a_kept_prefix_is_shared_counted_and_gives_the_fresh_text(gguf, reference):
+    """A request's cells stay in the pool when it ends; a later request that starts with the same
+    system prompt shares them (one copy of the prefix), is fed only its own question, counts the
+    shared tokens as hits, and generates what llama-cpp-python generates from the whole prompt,
+    within tolerance."""
+    pooled = make_engine(gguf, kv_cache_tokens=2048, kv_slot_tokens=0, max_num_seqs=2)
+    try:
+        system = tokens(reference, SYSTEM)
+        first = system + tokens(reference, " Question: name a red fruit.")
+        second = system + tokens(reference, " Question: name a yellow fruit.")
+        run(pooled, {"first": (first, SamplingParams(max_tokens=6))})
+        wait_until_empty(pooled)
+        cells_before = pooled.memory_cells()
+        queries, hits = pooled.prefix_cache_tokens()
+        out = run(pooled, {"second": (second, SamplingParams(max_tokens=12, return_log_probs=True))})["second"]
+        new_queries, new_hits = pooled.prefix_cache_tokens()
+        shared = new_hits - hits
+        assert new_queries - queries == len(second)
+        assert len(system) <= shared < len(second)
+        assert_greedy_within_tolerance(out, llama_cpp_scored_greedy(second, 12))
+        wait_until_empty(pooled)
+        # Both kept, the system prompt's cells once: the second added only what it computed itself
+        # (the last generated token is never fed).
+        fed = len(second) + len(out.token_ids) - 1
+        assert pooled.memory_cells() - cells_before == fed - shared
+    finally:
+        pooled.shutdown()
+
+
+def test_kept_prefixes_are_evicted_least_recently_used_first(gguf, reference):
+    """Four ended requests' prompts of ~400 tokens fill most of a pool of 2,048 cells; the first is
+    used again (refreshed); a request of ~1,000 tokens needs room and evicts the least recently
+    used: the refreshed prompt still hits, the oldest unused one no longer does."""
+    small = make_engine(gguf, kv_cache_tokens=2048, kv_slot_tokens=0, max_num_seqs=2)
+    try:
+        prompts = [tokens(reference, f"Topic {i}. {SYSTEM}") for i in range(4)]
+        assert all(350 < len(p) < 450 for p in prompts)
+        for i, prompt in enumerate(prompts):
+            generated(small, {f"p{i}": (prompt, SamplingParams(max_tokens=2))})
+        generated(small, {"again": (prompts[0], SamplingParams(max_tokens=2))})  # refreshes prompt 0
+
+        def hit(prompt) -> int:
+            before = small.prefix_cache_tokens()[1]
+            generated(small, {"probe": (prompt, SamplingParams(max_tokens=1))})
+            return small.prefix_cache_tokens()[1] - before
+
+        big = tokens(reference, " ".join(f"entry {i} of a long list" for i in range(120)))
+        assert 900 < len(big) < 1100
+        generated(small, {"big": (big, SamplingParams(max_tokens=2))})  # needs room: two prompts must go
+        assert hit(prompts[0]) >= len(prompts[0]) - 1  # refreshed: kept
+        assert hit(prompts[1]) < 32  # the least recently used: evicted (the words "Topic 1." alone differ)
+        wait_until_empty(small)
+    finally:
+        small.shutdown()
+
+
+def test_a_sequence_that_outgrows_its_slot_moves_to_the_pool(engine, reference):
+    prompt = tokens(reference, PROMPTS[3])
+    moved_before = engine.preemptions
+    out = run(engine, {"grows": (prompt, SamplingParams(max_tokens=SLOT_CELLS, min_tokens=SLOT_CELLS,
+                                                        return_log_probs=True))})["grows"]
+    assert len(out.token_ids) == SLOT_CELLS and engine.preemptions == moved_before + 1
+    # Fed again in the pool from its tokens: what follows equals the reference within tolerance.
+    assert_greedy_within_tolerance(out, llama_cpp_scored_greedy(prompt, SLOT_CELLS, min_tokens=SLOT_CELLS))
     wait_until_empty(engine)
 
 
 def test_a_prompt_longer_than_the_context_is_refused_naming_the_limit(engine):
-    with pytest.raises(InvalidInput, match=f"input_ids: {KV_CELLS + 10} prompt tokens leave no room .* context of "
-                                           f"{KV_CELLS} tokens"):
-        engine.add("too-long", [100] * (KV_CELLS + 10), SamplingParams(max_tokens=1))
+    with pytest.raises(InvalidInput, match=f"input_ids: {POOL_CELLS + 10} prompt tokens leave no room .* context of "
+                                           f"{POOL_CELLS} tokens"):
+        engine.add("too-long", [100] * (POOL_CELLS + 10), SamplingParams(max_tokens=1))
     with pytest.raises(InvalidInput, match=r"max_tokens: 5000 is outside 1\.\.4086"):
         engine.add("too-many", [100] * 10, SamplingParams(max_tokens=5000))
     with pytest.raises(InvalidInput, match="input_ids: is empty"):
@@ -414,26 +501,28 @@ def test_what_the_engine_cannot_do_is_refused_by_name(gguf):
     with pytest.raises(ValueError, match="max_num_seqs: 100000 is more than llama.cpp's limit"):
         create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu",
                       EngineConfig(max_num_seqs=100000, gguf_file=str(gguf)))
+    with pytest.raises(ValueError, match="kv_slot_tokens: 4096 is more than the pool's 1024 cells"):
+        make_engine(gguf, kv_cache_tokens=1024, kv_slot_tokens=4096)
     with pytest.raises(ValueError, match="runs on CPU instances"):
         create_engine("llama_cpp", model_sources.llm_model_dir(), "cuda:0", EngineConfig(gguf_file=str(gguf)))
 
 
 def test_the_engine_is_built_on_a_thread_that_has_ended(gguf, monkeypatch):
-    """Its warm-up decode starts an OpenMP pool on the thread that builds it; that thread must be
+    """Its warm-up decodes start an OpenMP pool on the thread that builds it; that thread must be
     gone before the engine computes, or each decode on the engine thread runs beside a second pool
     (2-3x slower on 2 cores: engines/__init__.py)."""
     import threading
 
-    from tritonfront.engines.llama_cpp import LlamaCppEngine
+    from tritonfront.engines.llama_cpp import _Context
 
     warmed_on = []
-    original = LlamaCppEngine._warm_up
-    monkeypatch.setattr(LlamaCppEngine, "_warm_up", lambda self: (warmed_on.append(threading.current_thread()),
-                                                                  original(self)))
-    built = create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu",
-                          EngineConfig(kv_cache_tokens=1024, max_num_seqs=2, num_threads=2, gguf_file=str(gguf)))
+    original = _Context.warm_up
+    monkeypatch.setattr(_Context, "warm_up", lambda self, token: (warmed_on.append(threading.current_thread()),
+                                                                  original(self, token)))
+    built = make_engine(gguf, kv_cache_tokens=1024, kv_slot_tokens=256, max_num_seqs=2)
     try:
-        (builder,) = warmed_on
+        assert len(warmed_on) == 2 and len(set(warmed_on)) == 1  # the pool and the slots
+        (builder,) = set(warmed_on)
         assert builder is not threading.current_thread() and not builder.is_alive()
         assert len(generated(built, {"after": ([100, 200, 300], SamplingParams(max_tokens=3))})["after"]) >= 1
     finally:

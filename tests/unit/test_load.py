@@ -3,8 +3,8 @@ what the model's gauges a router reads add up to."""
 import re
 import threading
 
-from tritonfront.core.rank_load import (CANCELLED_REQUESTS, LOAD_GAUGES, MODEL_GAUGES, ROUTER_GAUGES, GaugeThread, Load,
-                              LoadMetrics, ModelLoad, ModelLoadMetrics)
+from tritonfront.core.rank_load import (LOAD_COUNTERS, LOAD_GAUGES, MODEL_GAUGES, ROUTER_GAUGES, GaugeThread, Load,
+                                       LoadMetrics, ModelLoad, ModelLoadMetrics)
 
 
 class Recorded:
@@ -24,8 +24,9 @@ class Recorded:
 def test_only_changes_reach_the_metrics():
     calls, made = [], []
     metrics = LoadMetrics(lambda spec: made.append(spec) or Recorded(spec, calls))
-    assert made == [*LOAD_GAUGES.values(), CANCELLED_REQUESTS]
-    assert {spec.kind for spec in LOAD_GAUGES.values()} == {"gauge"} and CANCELLED_REQUESTS.kind == "counter"
+    assert made == [*LOAD_GAUGES.values(), *LOAD_COUNTERS.values()]
+    assert {spec.kind for spec in LOAD_GAUGES.values()} == {"gauge"}
+    assert {spec.kind for spec in LOAD_COUNTERS.values()} == {"counter"}
     metrics.update(Load(outstanding_tokens=12, waiting_requests=1, active_sequences=1))
     assert calls == [("tritonfront_llm_outstanding_tokens", "set", 12), ("tritonfront_llm_waiting_requests", "set", 1),
                      ("tritonfront_llm_active_sequences", "set", 1)]
@@ -43,6 +44,14 @@ def test_only_changes_reach_the_metrics():
     metrics.update(Load(waiting_requests=1, active_sequences=4, cancelled_requests=5, kv_cache_blocks=3,
                         kv_cache_capacity_blocks=12))
     assert ("tritonfront_llm_running_requests", "set", 3) in calls
+    calls.clear()
+    # The prefix cache's totals in prompt tokens, and the cache's size in tokens.
+    metrics.update(Load(waiting_requests=1, active_sequences=4, cancelled_requests=5, kv_cache_blocks=3,
+                        kv_cache_capacity_blocks=12, kv_cache_capacity_tokens=12, prefix_cache_queries=100,
+                        prefix_cache_hits=64))
+    assert calls == [("tritonfront_llm_kv_cache_capacity_tokens", "set", 12),
+                     ("tritonfront_llm_prefix_cache_queries_total", "increment", 100),
+                     ("tritonfront_llm_prefix_cache_hits_total", "increment", 64)]
 
 
 def test_a_rank_runs_what_generated_a_token_and_its_cache_is_a_fraction():
@@ -66,7 +75,7 @@ METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 
 
 def test_metric_names_are_prometheus_names_of_tritonfront():
-    specs = [*LOAD_GAUGES.values(), CANCELLED_REQUESTS, *MODEL_GAUGES.values()]
+    specs = [*LOAD_GAUGES.values(), *LOAD_COUNTERS.values(), *MODEL_GAUGES.values()]
     for spec in specs:
         assert METRIC_NAME.match(spec.name) and spec.name.startswith("tritonfront_") and ":" not in spec.name
     assert len({spec.name for spec in specs}) == len(specs)

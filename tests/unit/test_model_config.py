@@ -57,8 +57,10 @@ def test_configs_are_frozen():
 @pytest.mark.parametrize("kind, name, value, message", [
     ("llm", "engine", "vllm", "parameter engine: 'vllm' is not allowed; it must be one of hf, tensorrt_llm, "
                               "llama_cpp, synthetic (default 'hf')"),
-    ("llm", "kv_unified", "yes", "parameter kv_unified: 'yes' is not allowed; it must be one of true, false "
-                                 "(default 'true')"),
+    ("llm", "prompt_cache", "yes", "parameter prompt_cache: 'yes' is not allowed; it must be one of true, false "
+                                   "(default 'true')"),
+    ("llm", "kv_slot_tokens", "-1", "parameter kv_slot_tokens: '-1' is not allowed; it must be an integer >= 0 "
+                                    "(default 0)"),
     ("llm", "dtype", "fp8", f"parameter dtype: 'fp8' is not allowed; it must be one of {', '.join(DTYPES)}"),
     ("llm", "kv_cache_tokens", "-1", "parameter kv_cache_tokens: '-1' is not allowed; it must be an integer >= 0 "
                                      "(default 32768)"),
@@ -128,11 +130,12 @@ def test_the_llama_cpp_engine_gets_the_gguf_and_a_share_of_the_cores(monkeypatch
     from tritonfront.core import model_sources
 
     monkeypatch.delenv(model_sources.LLM_MODEL_ENV, raising=False)
-    config = parse("llm", {"engine": "llama_cpp", "kv_unified": "false"})
+    config = parse("llm", {"engine": "llama_cpp", "kv_slot_tokens": "512", "prompt_cache": "false"})
     monkeypatch.setattr(model_config.os, "cpu_count", lambda: 8)
     engine_config = config.engine_config(ranks=2)
     assert engine_config.gguf_file == str(model_sources.default_llm_model())
-    assert engine_config.num_threads == 4 and engine_config.kv_unified is False
+    assert engine_config.num_threads == 4 and engine_config.kv_slot_tokens == 512
+    assert engine_config.prompt_cache is False
     assert parse("llm", {"engine": "llama_cpp", "num_threads": "3"}).engine_config(ranks=2).num_threads == 3
     assert parse("llm", {}).engine_config(ranks=2).gguf_file is None  # the other engines read the folder
     monkeypatch.setenv(model_sources.LLM_MODEL_ENV, str(tmp_path))

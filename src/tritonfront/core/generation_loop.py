@@ -355,11 +355,14 @@ class GenerationLoop:
         self.publish_load()
 
     def load(self) -> Load:
+        capacity = self.engine.kv_cache_capacity_blocks()
+        queries, hits = self.engine.prefix_cache_tokens()
         with self._lock:
             completions = [live.completion for live in self._live.values()]
             return Load(sum(c.prompt_tokens + c.generated for c in completions),
                         sum(c.generated == 0 for c in completions), len(completions), self._cancelled,
-                        self.engine.kv_cache_blocks(), self.engine.kv_cache_capacity_blocks())
+                        self.engine.kv_cache_blocks(), capacity, capacity * self.engine.kv_cache_block_tokens(),
+                        queries, hits)
 
     def publish_load(self) -> None:
         self.on_load(self.load())

@@ -153,16 +153,19 @@ class LLMConfig(Config):
               "the detokenizer, so a slow chunk is never taken for lost", minimum=1)
     kv_cache_tokens: int = _parameter(32768, "KV cache size in tokens per rank; 0 sizes it from free memory "
                                              "(on a GPU), with llama_cpp from the model's training context, with "
-                                             "synthetic as max_num_seqs whole contexts", minimum=0)
-    kv_unified: str = _parameter("true", "llama_cpp: true, one KV cache any sequence may fill up to the context; false, "
-                                         "kv_cache_tokens split evenly between max_num_seqs sequences (each one's "
-                                         "context), attention over a sequence's own cells only (llama-server's -np)",
-                                 choices=("true", "false"))
-    prompt_cache: str = _parameter("true", "llama_cpp with kv_unified false: true, an ended request's prompt (finished, "
-                                           "or what a cancelled one was fed) stays in its seq_id's cells and a later "
-                                           "request given that seq_id is fed only what follows their shared prefix "
-                                           "(llama-server's cache_prompt); false, every end frees its cells",
-                                   choices=("true", "false"))
+                                             "synthetic as max_num_seqs whole contexts. llama_cpp: the pool every "
+                                             "request may fill up to the model's context (one that does not fit "
+                                             "waits; a running one preempted for room is recomputed)", minimum=0)
+    kv_slot_tokens: int = _parameter(0, "llama_cpp: KV cells of each running sequence's own slot (max_num_seqs "
+                                        "slots beside the pool, llama-server's -np layout, a multiple of 256): a "
+                                        "request runs there while its tokens fit, attending over its own cells "
+                                        "only (the pool's attention scans all its cells), then moves to the pool; "
+                                        "0: every request in the pool", minimum=0)
+    prompt_cache: str = _parameter("true", "llama_cpp: true, a request reuses the KV of the longest prefix of its "
+                                           "prompt that a running or ended request holds (ended ones' kept until "
+                                           "least recently used in the pool, until their slot is taken in the "
+                                           "slots) and is fed only the rest (llama-server's cache_prompt); false, "
+                                           "every end frees its cells", choices=("true", "false"))
     max_batch_tokens: int = _parameter(512, "tokens in one forward pass: bounds the prefill chunk a long prompt "
                                             "is split into", minimum=1)
     dtype: str = _parameter("auto", "weights and activations; auto: float32 on CPU, bfloat16 on GPU", choices=DTYPES)
@@ -199,7 +202,7 @@ class LLMConfig(Config):
         return EngineConfig(max_num_seqs=self.max_num_seqs, kv_cache_tokens=self.kv_cache_tokens,
                             max_batch_tokens=self.max_batch_tokens, dtype=self.dtype, attention=self.attention,
                             num_threads=num_threads, gguf_file=gguf_file,
-                            kv_unified=self.kv_unified == "true", prompt_cache=self.prompt_cache == "true",
+                            kv_slot_tokens=self.kv_slot_tokens, prompt_cache=self.prompt_cache == "true",
                             synthetic_step_ms=self.synthetic_step_ms,
                             synthetic_step_us_per_seq=self.synthetic_step_us_per_seq,
                             synthetic_prefill_us_per_token=self.synthetic_prefill_us_per_token,

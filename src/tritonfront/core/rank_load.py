@@ -29,6 +29,11 @@ class Load:
     cancelled_requests: int = 0  # since start, abandoned streams included
     kv_cache_blocks: int = 0  # held by unfinished requests, as the engine counts them
     kv_cache_capacity_blocks: int = 0  # the engine's whole KV cache; 0: the engine does not tell
+    kv_cache_capacity_tokens: int = 0  # the same in tokens; 0: the engine does not tell
+    # Since start, in prompt tokens (vLLM's prefix_cache_queries / prefix_cache_hits): looked up in
+    # the engine's prefix cache, and found there (reused instead of computed).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
     @property
     def running_requests(self) -> int:
@@ -88,9 +93,20 @@ LOAD_GAUGES = {
     "kv_cache_utilization": ModelMetricSpec("tritonfront_llm_kv_cache_utilization",
                                             "Fraction (0..1) of this rank's KV cache held by unfinished requests",
                                             "gauge"),
+    "kv_cache_capacity_tokens": ModelMetricSpec("tritonfront_llm_kv_cache_capacity_tokens",
+                                                "Tokens this rank's KV cache holds in all", "gauge"),
 }
-CANCELLED_REQUESTS = ModelMetricSpec("tritonfront_llm_cancelled_requests_total",
-                                     "Requests cancelled or abandoned by their client", "counter")
+# Load field (a running total) -> the counter that shows it, labelled by model and rank.
+LOAD_COUNTERS = {
+    "cancelled_requests": ModelMetricSpec("tritonfront_llm_cancelled_requests_total",
+                                          "Requests cancelled or abandoned by their client", "counter"),
+    "prefix_cache_queries": ModelMetricSpec("tritonfront_llm_prefix_cache_queries_total",
+                                            "Prompt tokens looked up in the engine's prefix cache "
+                                            "(as vllm:prefix_cache_queries)", "counter"),
+    "prefix_cache_hits": ModelMetricSpec("tritonfront_llm_prefix_cache_hits_total",
+                                         "Prompt tokens found in the engine's prefix cache, their KV reused instead "
+                                         "of computed (as vllm:prefix_cache_hits)", "counter"),
+}
 
 # ModelLoad field -> the gauge that shows it, labelled by model only: what a router reads.
 MODEL_GAUGES = {
@@ -133,12 +149,12 @@ ROUTER_GAUGES = {
 
 class LoadMetrics:
     """Turns each new load into the metric calls it needs: a gauge is set only when its value
-    changed, the counter grows by the cancellations since the last load. `metric` makes the
+    changed, a counter grows by what its total grew since the last load. `metric` makes the
     metric of a spec (an object with set() or increment())."""
 
     def __init__(self, metric: Callable[[ModelMetricSpec], Any]):
         self.gauges = {field: metric(spec) for field, spec in LOAD_GAUGES.items()}
-        self.cancelled = metric(CANCELLED_REQUESTS)
+        self.counters = {field: metric(spec) for field, spec in LOAD_COUNTERS.items()}
         self._last = Load()
         self._lock = threading.Lock()
 
@@ -147,8 +163,9 @@ class LoadMetrics:
             for field, gauge in self.gauges.items():
                 if getattr(load, field) != getattr(self._last, field):
                     gauge.set(getattr(load, field))
-            if load.cancelled_requests > self._last.cancelled_requests:
-                self.cancelled.increment(load.cancelled_requests - self._last.cancelled_requests)
+            for field, counter in self.counters.items():
+                if getattr(load, field) > getattr(self._last, field):
+                    counter.increment(getattr(load, field) - getattr(self._last, field))
             self._last = load
 
 

@@ -150,11 +150,12 @@ class EngineConfig:
     attention: str = "varlen"  # one of ATTENTIONS; only the transformers engine reads it
     num_threads: int = 0  # the llama.cpp engine's compute threads; 0: one per core (torch's are set by the model)
     gguf_file: Optional[str] = None  # the weights the llama.cpp engine loads, as they ship
-    # llama.cpp engine: one KV cache every sequence may fill (True), or kv_cache_tokens split evenly
-    # between max_num_seqs sequences, each attending over its own cells only (llama-server's -np).
-    kv_unified: bool = True
-    # llama.cpp engine with kv_unified False: an ended request's prompt stays in its seq_id's cells
-    # for a later request given that seq_id (llama-server's cache_prompt).
+    # llama.cpp engine: cells of each running sequence's own slot (a second KV cache split into
+    # max_num_seqs slots, llama-server's -np layout), where a request runs while its tokens fit,
+    # its attention over its own cells only; 0: every request in the pool of kv_cache_tokens.
+    kv_slot_tokens: int = 0
+    # llama.cpp engine: a new request reuses the KV of the longest prefix of its prompt that a
+    # running or ended request holds, and is fed only the rest (llama-server's cache_prompt).
     prompt_cache: bool = True
     # Synthetic engine (engines/synthetic.py): a step lasts step_ms, plus step_us_per_seq per running
     # sequence, plus prefill_us_per_token per prompt token it admits; with eos_every N > 0 a token is
@@ -242,6 +243,12 @@ class Engine(ABC):
         """Tokens one block of kv_cache_blocks holds: 1 for an engine that counts cells (llama.cpp,
         synthetic); a paged engine says its page size."""
         return 1
+
+    def prefix_cache_tokens(self) -> tuple[int, int]:
+        """(queried, hit) since the engine started: prompt tokens looked up in its prefix cache
+        and those found there, whose KV was reused instead of computed (vLLM's
+        prefix_cache_queries and prefix_cache_hits); (0, 0) where the engine has none."""
+        return 0, 0
 
     @abstractmethod
     def shutdown(self) -> None:
