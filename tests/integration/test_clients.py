@@ -137,7 +137,7 @@ def generate_body() -> dict:
 
 
 def test_generate_answers_streams_only_as_readme_says(server):
-    """README (Interfaces): HTTP /infer 501, gRPC unary UNIMPLEMENTED; /generate, /generate_stream
+    """docs/usage.md: HTTP /infer 501, gRPC unary UNIMPLEMENTED; /generate, /generate_stream
     and gRPC streams answer."""
     status, body = post(server, "/v2/models/generate/infer", generate_body())
     assert status == 501, body

@@ -5,7 +5,7 @@ In the slots (each sequence attending over its own cells, as llama-cpp-python's 
 does) greedy ids equal the reference's alone and in a batch, log probs are the log-softmax of the
 logits llama.cpp computes, and seeded sampling does not depend on the batch. In the pool (one
 unified cache) llama.cpp's floating point depends on what shares the cache and the batch
-(docs/design.md, "The llama.cpp engine's KV cache"): there a greedy run is compared with the
+(docs/design.md, "The llama_cpp engine's floating point, and the tests' tolerance"): there a greedy run is compared with the
 reference within a stated tolerance, equal token for token until the reference itself had a near
 tie (NEAR_TIE), its log probs within LOG_PROB_TOLERANCE. The pool serves a 6,000-token prompt,
 serves requests that together exceed it (they wait or are preempted, none is cut short), reuses a

@@ -10,7 +10,7 @@ request, no batch dimension (model.yaml's max_batch_size 0), scalars as [1], sam
 as [words]. The tensors of model_repository/tensorrt_llm and ensembles/tensorrt_llm_decoupled, and
 what this contract adds to the steps' configs, are written from LLMAPI_MODEL and LLMAPI_PIPELINE
 (`python scripts/configure.py --write-committed`, tritonfront.core.config_tensors);
-tests/unit/test_llmapi_declaration.py checks them against NVIDIA's config, transcribed; docs/design.md's
+tests/unit/test_llmapi_declaration.py checks them against NVIDIA's config, transcribed; docs/llmapi-contract.md's
 table describes it.
 """
 import difflib

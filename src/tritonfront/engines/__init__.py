@@ -47,7 +47,8 @@ def _built_on_a_thread_that_ends(build: Callable[[], Engine]) -> Engine:
     building thread; the engine then computes on a thread of its own, which starts a second.
     With the first pool still there, the engine's steps were slower on 2 cores: a llama.cpp decode
     of one token 15 ms instead of 5, transformers' engine 6-25% fewer tokens a second at 1 and 16
-    streams, in-process (docs/performance.md). Built here, the first pool ends with this thread."""
+    streams, in-process (Run history in perf/results/bench_peers_llama.md and
+    bench_peers_generate.md). Built here, the first pool ends with this thread."""
     built: list[Engine] = []
     failed: list[BaseException] = []
 

@@ -21,7 +21,7 @@ Two KV caches, two llama.cpp contexts on one model (kv_pool.py counts their cell
   after a preemption) if it outgrows it. llama.cpp's CPU flash attention reads the mask of every
   cell in use, for every query row, head and layer: in the pool a step of 64 short sequences
   costs 1.3-1.6x what it costs in slots, where each sequence attends over its own cells only
-  (docs/design.md). Slots keep the many-short-requests case as fast as llama-server; the pool
+  (docs/configuration.md, The llama.cpp engine). Slots keep the many-short-requests case as fast as llama-server; the pool
   serves what does not fit them.
 
 Prefix reuse (prompt_cache): a new request starts from the longest prefix of its tokens that a

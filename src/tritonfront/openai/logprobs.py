@@ -1,5 +1,5 @@
 """Log probs in OpenAI's shapes from the generation contract's outputs (the tritonfront extensions
-in README: Interfaces): per generated token its bytes (`output_token_texts`), its log prob
+in docs/ensemble-contract.md): per generated token its bytes (`output_token_texts`), its log prob
 (`output_log_probs`) and, when top_logprobs asked for k > 0, the k most likely alternatives at its
 position (`output_top_texts`, `output_top_log_probs`, most likely first, from the same processed
 distribution the token was drawn from).
@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 ZERO_PROBABILITY = -9999.0
-# The contract's inputs and outputs (README: Interfaces, tritonfront extensions).
+# The contract's inputs and outputs (docs/ensemble-contract.md, the `(ours)` rows).
 TOP_LOGPROBS = "top_logprobs"
 TOKEN_TEXTS_INPUT, TOKEN_TEXTS = "return_token_texts", "output_token_texts"
 TOP_LOG_PROBS, TOP_TEXTS = "output_top_log_probs", "output_top_texts"

@@ -1,5 +1,5 @@
 """A TextGenerationRequest -> the inputs of the generation ensemble, whose contract is TensorRT-LLM's
-`ensemble` (README: Interfaces): one Triton request per prompt, every one streamed.
+`ensemble` (docs/ensemble-contract.md): one Triton request per prompt, every one streamed.
 
 Which inputs a model has is read from the model itself (its config, through Triton): a parameter
 whose input the model lacks is refused naming the parameter and the input, never dropped. Where
