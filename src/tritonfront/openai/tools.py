@@ -23,8 +23,12 @@ prompt they add, the guide that constrains a forced call, and the model's text t
 - ToolCalls reads one choice's text as it arrives and gives the OpenAI `delta`s to send; the whole
   answer is built from the same deltas (`assemble`), so a streamed answer joined equals the whole.
 """
+import concurrent.futures
+import functools
 import json
+import multiprocessing
 import re
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -95,19 +99,44 @@ class ToolRequest:
         for i, function in enumerate(self.functions):  # a schema that does not compile, named
             if self.choice == "required" or function.name == self.named:
                 _grammar(function.parameters, f"tools[{i}].function.parameters")
-        return "ebnf_grammar", str(_grammar(schema, "tools"))
+        return "ebnf_grammar", _grammar(schema, "tools")
 
     def function(self, name: str) -> Function:
         return next(f for f in self.functions if f.name == name)
 
 
-def _grammar(schema: dict, where: str):
+# xgrammar's package imports torch (its matcher module), which the front otherwise never loads
+# (~400 MB and seconds of start-up): schemas compile in one worker process, started at the first
+# request with tools and reused; the front keeps a grammar per schema text.
+_compiler: Optional[concurrent.futures.ProcessPoolExecutor] = None
+_compiler_lock = threading.Lock()
+
+
+def compile_json_schema(schema: str) -> tuple[bool, str]:
+    """In the worker: (True, the schema's EBNF grammar without free whitespace) or (False, why it
+    does not compile, as a client may read it)."""
     import xgrammar
 
     try:
-        return xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
+        return True, str(xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True))
     except Exception as error:  # xgrammar raises RuntimeError with the converter's message
-        raise invalid(where, f"{where}: the schema does not compile: {client_message(error)}") from None
+        return False, client_message(error)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(schema: str) -> tuple[bool, str]:
+    global _compiler
+    with _compiler_lock:
+        if _compiler is None:
+            _compiler = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    return _compiler.submit(compile_json_schema, schema).result()
+
+
+def _grammar(schema: dict, where: str) -> str:
+    compiled, text = _compiled(json.dumps(schema))  # key order kept: it is the order of the JSON generated
+    if not compiled:
+        raise invalid(where, f"{where}: the schema does not compile: {text}")
+    return text
 
 
 def _parameters(value: Any, where: str) -> dict:
