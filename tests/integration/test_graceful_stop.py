@@ -116,12 +116,12 @@ def test_stubs_exit_when_tritonserver_is_killed_under_an_unbounded_request(serve
         while not streams.responses["long"]:
             assert time.monotonic() < deadline, "the stream sent nothing in 120 s"
             time.sleep(0.05)
-        stubs = list(live_stubs(server.pid))
+        stubs = live_stubs(server.pid)  # pid -> (model, instance)
         assert stubs
         os.kill(server.pid, signal.SIGKILL)  # tritonserver itself, not serve.sh
         killed = time.monotonic()
         while any(alive(pid) for pid in stubs):
-            assert time.monotonic() - killed < 10, [pid for pid in stubs if alive(pid)]
+            assert time.monotonic() - killed < 10, {pid: stubs[pid] for pid in stubs if alive(pid)}
             time.sleep(0.1)
         print(f"every stub gone {time.monotonic() - killed:.1f} s after tritonserver's SIGKILL")
     finally:

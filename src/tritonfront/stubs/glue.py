@@ -12,8 +12,7 @@ import contextlib
 import json
 import logging
 import os
-import threading
-import time
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Optional, Sequence
@@ -35,27 +34,37 @@ def load_config(args: dict, kind: str) -> model_config.Config:
     return model_config.from_model_config(kind, json.loads(args["model_config"]))
 
 
-# How often a stub looks whether its tritonserver is still there.
-SERVER_WATCH_S = 1.0
+# How often a stub's watcher looks whether its tritonserver is still there.
+SERVER_WATCH_S = 1
+
+# A shell loop, not a thread of the stub: a stub blocked in a call to tritonserver that never
+# returns (a detokenizer asking is_cancelled() when the server was killed) holds the GIL, and a
+# Python watcher thread then never runs (a detokenizer stub outlived its server that way). $1: the
+# server, $2: the stub; the loop ends with the stub, or kills it once it has a new parent (the
+# server is gone: its children were re-parented, even while it is an unreaped zombie).
+_WATCH = """
+while [ -e "/proc/$2" ]; do
+  read -r _ _ _ parent _ < "/proc/$2/stat" || exit 0
+  if [ "$parent" != "$1" ]; then
+    echo "tritonserver (pid $1) is gone: stub $2 exits" >&2
+    kill -9 "$2"
+    exit 0
+  fi
+  sleep $3
+done
+"""
 
 
 def exit_with_server() -> None:
     """Ends this stub within SERVER_WATCH_S of its tritonserver's exit, whatever its threads are
     doing. Triton 2.51's stub notices a dead parent only between messages: an llm stub whose
     engine thread was generating (a request with no max_tokens) went on at half a core for 51
-    minutes after tritonserver had gone (2026-11-28), and a tokenizer stub for minutes. The
-    parent's death is seen as a new parent pid (the stub is re-parented), checked by a daemon
-    thread; prctl's PDEATHSIG is not used, since it fires when the parent *thread* that started
-    the stub ends, and tritonserver starts stubs from worker threads."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(SERVER_WATCH_S)
-        logger.error("tritonserver (pid %d) is gone: this stub exits", parent)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="tritonfront-server-watch", daemon=True).start()
+    minutes after tritonserver had gone (2026-11-28), and a tokenizer stub for minutes. A small
+    shell process watches (_WATCH says why not a thread); prctl's PDEATHSIG is not used, since it
+    fires when the parent *thread* that started the stub ends, and tritonserver starts stubs from
+    worker threads."""
+    subprocess.Popen(["sh", "-c", _WATCH, "sh", str(os.getppid()), str(os.getpid()), str(SERVER_WATCH_S)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
 
 
 def inputs(request) -> dict[str, np.ndarray]:
