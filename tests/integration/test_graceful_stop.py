@@ -14,6 +14,8 @@ from harness.clients.kserve import generate_inputs
 from harness.clients.streams import Streams, run_requests
 from harness.deploy import GENERATE_MODELS, write_deployment
 from harness.server import triton_server
+from tritonfront.core.generation_loop import STOP_CHECK_S
+from tritonfront.core.server_stop import stop_requested
 
 PROMPTS = ["The lighthouse keeper wrote in his log that", "A short list of reasons to learn chess:",
            "Once the river froze, the village", "The recipe needs three things:"]
@@ -85,7 +87,11 @@ def test_sigterm_ends_an_unbounded_stream_cleanly_and_refuses_new_requests(short
             time.sleep(0.05)
         stopping = time.monotonic()
         os.kill(server.process.pid, signal.SIGTERM)
-        time.sleep(1)  # the drain has told the llm
+        # The drain (a Python process serve.sh starts) sets the flag; the llm looks every STOP_CHECK_S.
+        while not stop_requested(server.pid):
+            assert time.monotonic() - stopping < 30, "the drain set no stop flag in 30 s"
+            time.sleep(0.05)
+        time.sleep(4 * STOP_CHECK_S)
         late = Streams(server.grpc_url)
         try:
             _, refused = late.request("late", generate_inputs(PROMPTS[1], 8, stream=True), timeout=30)
