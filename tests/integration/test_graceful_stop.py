@@ -16,6 +16,7 @@ from harness.deploy import GENERATE_MODELS, write_deployment
 from harness.server import triton_server
 from tritonfront.core.generation_loop import STOP_CHECK_S
 from tritonfront.core.server_stop import stop_requested
+from tritonfront.watchdog import live_stubs, running
 
 PROMPTS = ["The lighthouse keeper wrote in his log that", "A short list of reasons to learn chess:",
            "Once the river froze, the village", "The recipe needs three things:"]
@@ -39,6 +40,15 @@ def short_grace_server(tmp_path):
                                     keep=GENERATE_MODELS)
     with triton_server(tmp_path / "server.log", repositories=repositories, models=GENERATE_MODELS) as running:
         yield running
+
+
+def start_unbounded_stream(streams: Streams) -> None:
+    """A stream without max_tokens (it could run to the context's end), once it has sent a chunk."""
+    streams.send("long", generate_inputs(PROMPTS[0], None, stream=True))
+    deadline = time.monotonic() + 120
+    while not streams.responses["long"]:
+        assert time.monotonic() < deadline, "the stream sent nothing in 120 s"
+        time.sleep(0.05)
 
 
 def test_sigterm_lets_running_streams_end_whole_then_stops_with_nothing_in_flight(server):
@@ -80,11 +90,7 @@ def test_sigterm_ends_an_unbounded_stream_cleanly_and_refuses_new_requests(short
     server = short_grace_server
     streams = Streams(server.grpc_url)
     try:
-        streams.send("long", generate_inputs(PROMPTS[0], None, stream=True))
-        deadline = time.monotonic() + 120
-        while not streams.responses["long"]:
-            assert time.monotonic() < deadline, "the stream sent nothing in 120 s"
-            time.sleep(0.05)
+        start_unbounded_stream(streams)
         stopping = time.monotonic()
         os.kill(server.process.pid, signal.SIGTERM)
         # The drain (a Python process serve.sh starts) sets the flag; the llm looks every STOP_CHECK_S.
@@ -113,31 +119,17 @@ def test_sigterm_ends_an_unbounded_stream_cleanly_and_refuses_new_requests(short
 def test_stubs_exit_when_tritonserver_is_killed_under_an_unbounded_request(server):
     """A stub whose tritonserver is gone exits within seconds, whatever its threads do (an llm
     stub went on generating for 51 minutes before: glue.exit_with_server)."""
-    from tritonfront.watchdog import live_stubs
-
     streams = Streams(server.grpc_url)
     try:
-        streams.send("long", generate_inputs(PROMPTS[0], None, stream=True))
-        deadline = time.monotonic() + 120
-        while not streams.responses["long"]:
-            assert time.monotonic() < deadline, "the stream sent nothing in 120 s"
-            time.sleep(0.05)
+        start_unbounded_stream(streams)
         stubs = live_stubs(server.pid)  # pid -> (model, instance)
         assert stubs
         os.kill(server.pid, signal.SIGKILL)  # tritonserver itself, not serve.sh
         killed = time.monotonic()
-        while any(alive(pid) for pid in stubs):
-            assert time.monotonic() - killed < 10, {pid: stubs[pid] for pid in stubs if alive(pid)}
+        while any(running(pid) for pid in stubs):
+            assert time.monotonic() - killed < 10, {pid: stubs[pid] for pid in stubs if running(pid)}
             time.sleep(0.1)
         print(f"every stub gone {time.monotonic() - killed:.1f} s after tritonserver's SIGKILL")
     finally:
         streams.close(cancel=True)
 
-
-def alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
