@@ -176,6 +176,16 @@ def recovery(outcomes: list[Outcome], killed: float) -> tuple[float, Optional[fl
     return last_failure, min((o.ended for o in sent if o.correct and o.scheduled >= last_failure), default=None)
 
 
+def recovered_quietly(outcomes: list[Outcome], killed: float, now: float, quiet_s: float) -> bool:
+    """Whether a correct answer came after the last failure and nothing failed for `quiet_s`
+    seconds before `now`, counting a request still in flight that was sent before those seconds
+    as a failure yet to come (one sent to the dead instance fails a second or more later)."""
+    last_failure, recovered = recovery(outcomes, killed)
+    quiet_since = now - quiet_s
+    return (recovered is not None and last_failure <= quiet_since
+            and all(o.ended is not None for o in outcomes if killed < o.scheduled <= quiet_since))
+
+
 def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, clients: int = 3,
                     hang_s: float = 60.0, recover_s: float = 180.0, quiet_s: float = 5.0,
                     steady: int = 3) -> KillResult:
@@ -183,7 +193,8 @@ def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, cli
     stubs once `steady` requests succeeded. One more client starts at the kill, so requests go
     on while the others wait on requests in flight. The load stops once every instance of the
     model runs in a new stub and requests sent after the kill have answered correctly, without
-    a failure, for `quiet_s` (or after recover_s); each request in flight then ends by itself or
+    a failure, for `quiet_s`, every request sent before those quiet seconds having ended (or
+    after recover_s); each request in flight then ends by itself or
     after hang_s. Recovery is the first correct answer after the last failure: with several
     instances, the others may answer before (`first_success_s`)."""
     once = CALLS[via or PIPELINES[model]]
@@ -204,8 +215,7 @@ def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, cli
             time.sleep(0.2)
             if restarted_at is None and restarted(server.pid, before, model):
                 restarted_at = time.monotonic()
-            last_failure, recovered = recovery(load.snapshot(), killed)
-            if restarted_at is not None and recovered is not None and time.monotonic() - last_failure >= quiet_s:
+            if restarted_at is not None and recovered_quietly(load.snapshot(), killed, time.monotonic(), quiet_s):
                 break
     outcomes = load.snapshot()
     last_failure, recovered = recovery(outcomes, killed)

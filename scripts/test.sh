@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: the tests that need no server (unit, harness), then the integration tests
 # against real tritonserver processes (tests/conftest.py orders them); then the contract tests
-# whose result depends on the llm engine (marker `contract`, not `embed`) again on the engine the
+# whose result depends on the llm engine (marker `contract`, not `embed` or `any_engine`) again on the engine the
 # committed deployment does not run (hf or llama_cpp, through TRITONFRONT_TEST_ENGINE; where
 # llama-cpp-python and the GGUF are there), so both CPU engines keep every contract. Each run
 # ends with its slowest tests; a test that hangs fails at pytest.ini's limit, naming itself. Extra
@@ -44,4 +44,4 @@ model_sources.llm_gguf_file()" 2>/dev/null; then
   exit 0
 fi
 echo "== the contract tests again on the $other engine (TRITONFRONT_TEST_ENGINE=$other)"
-TRITONFRONT_TEST_ENGINE=$other run_pytest -m "contract and not embed and not slow" "$@"
+TRITONFRONT_TEST_ENGINE=$other run_pytest -m "contract and not embed and not any_engine and not slow" "$@"

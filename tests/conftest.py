@@ -92,7 +92,7 @@ def _module_places(items) -> dict:
 
 def pytest_collection_modifyitems(items):
     """Tests on the session deployment are the contract tests (marker `contract`): scripts/test.sh
-    runs those whose result depends on the llm engine (not marked `embed`) again on the other CPU
+    runs those whose result depends on the llm engine (not marked `embed` or `any_engine`) again on the other CPU
     engine. Then the modules in the order above, each one's tests in its file's order."""
     for item in items:
         if _uses_session_deployment(item):

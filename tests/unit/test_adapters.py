@@ -6,12 +6,15 @@ import contextlib
 import itertools
 import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from google.protobuf import json_format
 
@@ -533,3 +536,34 @@ def test_llm_config_errors_fail_loading_before_the_engine_starts(pb_utils, args,
     with pytest.raises(ConfigError) as error:
         module.TritonPythonModel().initialize(triton_args("llm", **args))
     assert str(error.value).startswith(message)
+
+
+def test_a_stubs_watcher_outlives_a_group_sigterm_and_kills_the_stub_once_its_server_is_gone(pb_utils):
+    """glue.exit_with_server's shell loop on a stand-in server (a Python process) and stub (its
+    `sleep` child): a SIGTERM to the watcher (serve.sh's whole group gets one) leaves it watching;
+    the server's death gets the stub killed."""
+    from tritonfront.stubs import glue
+    server = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               "stub = subprocess.Popen(['sleep', '120'])\n"
+                               "print(stub.pid, flush=True)\ntime.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    stub = psutil.Process(int(server.stdout.readline()))
+    watcher = subprocess.Popen(["sh", "-c", glue._WATCH, "sh", str(server.pid), str(stub.pid), "0.1"],
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(watcher.pid).children():  # in its loop, past the trap
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        watcher.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert watcher.poll() is None and stub.is_running()
+        server.kill()
+        server.wait()
+        assert watcher.wait(timeout=10) == 0
+        assert "is gone" in watcher.stderr.read()
+        assert not stub.is_running() or stub.status() == psutil.STATUS_ZOMBIE
+    finally:
+        for process in (server, watcher):
+            process.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            stub.kill()

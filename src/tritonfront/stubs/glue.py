@@ -41,8 +41,11 @@ SERVER_WATCH_S = 1
 # returns (a detokenizer asking is_cancelled() when the server was killed) holds the GIL, and a
 # Python watcher thread then never runs (a detokenizer stub outlived its server that way). $1: the
 # server, $2: the stub; the loop ends with the stub, or kills it once it has a new parent (the
-# server is gone: its children were re-parented, even while it is an unreaped zombie).
+# server is gone: its children were re-parented, even while it is an unreaped zombie). It ignores
+# the stop signals: a SIGTERM to serve.sh's process group reaches the watcher too, and a watcher
+# that died of it left its stub behind once tritonserver had exited (CI, 2026-11-28).
 _WATCH = """
+trap '' TERM INT HUP
 while [ -e "/proc/$2" ]; do
   read -r _ _ _ parent _ < "/proc/$2/stat" || exit 0
   if [ "$parent" != "$1" ]; then
