@@ -4,10 +4,12 @@ completion objects (openai.types) and SSE chunks; the stream's inactivity deadli
 cancellation. (The routes over a fake backend: test_openai_routes.py.)"""
 import asyncio
 import json
+import time
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tritonclient.utils import InferenceServerException
 
 from tritonfront.openai import protocol, streaming
 from tritonfront.openai.api_errors import OpenAIError
@@ -15,7 +17,7 @@ from tritonfront.openai.metrics import FrontMetrics
 from tritonfront.openai.serving_chat import ChatServing
 from tritonfront.openai.serving_completions import CompletionServing
 from tritonfront.openai.triton_backend import TritonBackend
-from tritonfront.openai.triton_client import FINAL_FLAG, Contract, TritonClient
+from tritonfront.openai.triton_client import FINAL_FLAG, RETRY_PAUSE_S, Contract, TritonClient
 
 CONTRACT = Contract("generate", {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32",
                                  "num_return_sequences": "INT32", "return_log_probs": "BOOL",
@@ -248,6 +250,73 @@ def test_leaving_a_stream_early_cancels_it():
 
     run(first_only())
     assert call.cancelled
+
+
+UNHEALTHY = "in ensemble 'generate', Stub process 'llm_tokenizer_0_0' is not healthy."
+
+
+def triton_error(message: str):
+    return SimpleNamespace(message=lambda: message, status=lambda: None)
+
+
+def client_of_calls(calls: list, timeout: float) -> TritonClient:
+    """A TritonClient whose n-th stream_infer is calls[n] (a retry takes the next)."""
+    triton = fake_triton_client(calls[0], timeout)
+    remaining = iter(calls)
+    triton.client = SimpleNamespace(stream_infer=lambda requests: next(remaining))
+    return triton
+
+
+async def texts_of(triton) -> list[str]:
+    return [r.as_numpy("text_output").item().decode() async for r in triton.stream(CONTRACT, [], [], {})]
+
+
+def test_a_stream_refused_while_its_model_is_restored_is_sent_again_and_served():
+    calls = [FakeCall([(None, triton_error(UNHEALTHY))]) for _ in range(2)]
+    calls.append(FakeCall([(r, None) for r in chunks(["a", "b"])]))
+    started = time.monotonic()
+    assert run(texts_of(client_of_calls(calls, timeout=5))) == ["a", "b"]
+    assert time.monotonic() - started >= 2 * RETRY_PAUSE_S
+
+
+def test_a_stream_that_had_sent_output_is_not_sent_again_and_says_why():
+    first = chunks(["a", "b"])[0]
+    calls = [FakeCall([(first, None), (None, triton_error(UNHEALTHY))]), FakeCall([(r, None) for r in chunks(["a"])])]
+    with pytest.raises(OpenAIError) as caught:
+        run(texts_of(client_of_calls(calls, timeout=5)))
+    assert (caught.value.status, caught.value.code) == (503, "model_died_while_answering")
+    assert "is not healthy" in caught.value.message and "not sent again" in caught.value.message
+
+
+def test_a_model_not_restored_within_the_deadline_is_503_saying_how_long_it_waited():
+    calls = [FakeCall([(None, triton_error(UNHEALTHY))]) for _ in range(50)]
+    started = time.monotonic()
+    with pytest.raises(OpenAIError) as caught:
+        run(texts_of(client_of_calls(calls, timeout=1.2)))
+    assert time.monotonic() - started < 1.2 + RETRY_PAUSE_S
+    assert (caught.value.status, caught.value.code) == (503, "model_unavailable") and "Waited" in caught.value.message
+
+
+@pytest.mark.parametrize("message", ["Request for unknown model: 'generate' is not found",
+                                     "in ensemble 'generate', max_tokens: 0 is outside 1..8"])
+def test_other_errors_are_not_retried(message):
+    calls = [FakeCall([(None, triton_error(message))]), FakeCall([(r, None) for r in chunks(["a"])])]
+    with pytest.raises(OpenAIError):
+        run(texts_of(client_of_calls(calls, timeout=5)))
+
+
+def test_a_unary_request_waits_out_a_restore_too():
+    triton = fake_triton_client(FakeCall([]), timeout=5)
+    answers = [InferenceServerException(UNHEALTHY), InferenceServerException(UNHEALTHY), "served"]
+
+    async def infer(*args, **kwargs):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    triton.client = SimpleNamespace(infer=infer)
+    assert run(triton.infer(CONTRACT, [], [], {})) == "served" and not answers
 
 
 class EmbedClient:

@@ -9,8 +9,18 @@ ends with an error (a dead llm stub never answers its requests again: Python bac
 stream ends at Triton's final-response flag.
 
 Embeddings are unary calls bounded by the same deadline.
+
+A model whose stub died answers "Stub process '...' is not healthy" until tritonfront.watchdog has
+reloaded it (about ten seconds). A request that got that answer before any response is sent again,
+every RETRY_PAUSE_S, for up to `stream_timeout` seconds from its first try: it waits out the
+restore. Sending it again is safe because nothing of it reached the client; a stream that had
+already sent output fails (triton_errors.died_while_answering), since its text cannot be replayed
+without repeating it. A dead llm stub's own requests never get that answer (they end at the
+stream deadline), so they are never retried.
 """
 import asyncio
+import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping, Optional, Sequence
 
@@ -21,9 +31,11 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from .api_errors import OpenAIError, stream_timeout
-from .triton_errors import from_triton
+from .triton_errors import died_while_answering, from_triton, not_restored, restoring
 
 HEALTH_TIMEOUT_S = 2.0
+RETRY_PAUSE_S = 0.5
+log = logging.getLogger("tritonfront.openai")
 FINAL_FLAG = "triton_final_response"
 
 
@@ -84,6 +96,31 @@ def is_final(result) -> bool:
     return bool(parameter.bool_param) if parameter is not None else False
 
 
+class RestoreWait:
+    """One request's wait for its model's restore (the module's docstring says when)."""
+
+    def __init__(self, limit_s: float):
+        self.loop = asyncio.get_running_loop()
+        self.started, self.limit_s = self.loop.time(), limit_s
+        self.retried = False
+
+    async def after(self, error: OpenAIError, answered: bool = False) -> None:
+        """Returns when the request that failed with `error` may be sent again; raises what its
+        client gets otherwise. `answered`: the request had sent output."""
+        if not restoring(error):
+            raise error
+        if answered:
+            raise died_while_answering(error) from None
+        waited = self.loop.time() - self.started
+        if waited + RETRY_PAUSE_S > self.limit_s:
+            raise not_restored(error, waited) from None
+        if not self.retried:
+            self.retried = True
+            log.warning("%s: waiting up to %g s for the model's restore, sending the request again every %g s",
+                        error.message, self.limit_s, RETRY_PAUSE_S)
+        await asyncio.sleep(RETRY_PAUSE_S)
+
+
 class TritonClient:
     def __init__(self, url: str, stream_timeout_s: float):
         self.client = grpcaio.InferenceServerClient(url)
@@ -117,9 +154,25 @@ class TritonClient:
 
     async def stream(self, contract: Contract, inputs: Sequence, outputs: Sequence[str],
                      params: Mapping[str, str]) -> AsyncIterator:
-        """The responses (InferResult) of one streamed request, up to its final one. Raises
-        OpenAIError for Triton's error (`params`: the request's input -> OpenAI parameter) and
-        when nothing arrives for stream_timeout_s; leaving early cancels the request."""
+        """The responses (InferResult) of one streamed request, up to its final one, sent again
+        while its model is being restored and nothing came back yet. Raises OpenAIError for
+        Triton's error (`params`: the request's input -> OpenAI parameter) and when nothing arrives
+        for stream_timeout_s; leaving early cancels the request."""
+        restore = RestoreWait(self.stream_timeout_s)
+        while True:
+            answered = False
+            try:
+                # Closed at once when the consumer leaves: that cancels the request in Triton.
+                async with contextlib.aclosing(self._stream_once(contract, inputs, outputs, params)) as responses:
+                    async for result in responses:
+                        answered = True
+                        yield result
+                return
+            except OpenAIError as error:
+                await restore.after(error, answered)
+
+    async def _stream_once(self, contract: Contract, inputs: Sequence, outputs: Sequence[str],
+                           params: Mapping[str, str]) -> AsyncIterator:
         done = asyncio.Event()
 
         async def request():
@@ -152,6 +205,16 @@ class TritonClient:
 
     async def infer(self, contract: Contract, inputs: Sequence, outputs: Sequence[str],
                     params: Mapping[str, str], offset: int = 0):
+        """One unary request's result, sent again while its model is being restored (as stream)."""
+        restore = RestoreWait(self.stream_timeout_s)
+        while True:
+            try:
+                return await self._infer_once(contract, inputs, outputs, params, offset)
+            except OpenAIError as error:
+                await restore.after(error)
+
+    async def _infer_once(self, contract: Contract, inputs: Sequence, outputs: Sequence[str],
+                          params: Mapping[str, str], offset: int):
         try:
             return await self.client.infer(contract.model, list(inputs),
                                            outputs=[grpcclient.InferRequestedOutput(name) for name in outputs],

@@ -17,6 +17,8 @@ QUEUE_TIMEOUT = "Request timeout expired"
 # second; a model being reloaded (tritonfront.watchdog) takes about ten.
 RETRY_OVERLOAD_S, RETRY_UNAVAILABLE_S = 1, 10
 MODEL_UNAVAILABLE = ("is not healthy", "is not ready", "Request for unknown model", "is not found")
+# Of those, what a model says while tritonfront.watchdog restores it (a dead stub, a reload).
+RESTORING = ("is not healthy", "is not ready")
 CONNECTION_LOST = ("failed to connect", "connection refused", "socket closed", "connection reset", "broken pipe")
 # Triton's prefixes before the composing model's own message.
 _PREFIXES = re.compile(r"^(?:in ensemble '[^']*', )?(?:\[request id: [^\]]*\] )?")
@@ -49,3 +51,22 @@ def from_triton(message: str, status: str, model: str, params: Mapping[str, str]
         return OpenAIError(503, f"model '{model}' is unavailable: {text}", type=UNAVAILABLE,
                            code="triton_unreachable" if lost else "model_unavailable", retry_after=RETRY_UNAVAILABLE_S)
     return OpenAIError(500, f"model '{model}' failed: {text}", type=SERVER_ERROR, code="model_error")
+
+
+def restoring(error: OpenAIError) -> bool:
+    """Whether `error` is a model's answer while its dead stub is being restored: worth sending a
+    request that got no response yet again."""
+    return error.code == "model_unavailable" and any(marker in error.message for marker in RESTORING)
+
+
+def died_while_answering(error: OpenAIError) -> OpenAIError:
+    """`error` (restoring) for a request that had already sent output: not retried."""
+    return OpenAIError(503, f"{error.message} The request had already sent output, so it is not sent again "
+                            "(its text cannot be replayed without repeating it).", type=UNAVAILABLE,
+                       code="model_died_while_answering", retry_after=error.retry_after)
+
+
+def not_restored(error: OpenAIError, waited_s: float) -> OpenAIError:
+    """`error` (restoring) once the request has waited `waited_s` seconds for the model's restore."""
+    return OpenAIError(503, f"{error.message} Waited {waited_s:.0f} s for it to be restored.", type=UNAVAILABLE,
+                       code="model_unavailable", retry_after=error.retry_after)
