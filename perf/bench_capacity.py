@@ -130,10 +130,12 @@ def grpc_measure(server, streams: int, data: Path, export: Path, window_s: float
                "--input-data", str(data), f"--concurrency-range={streams}", "-p", str(int(window_s * 1000)),
                "-r", "3", "-s", "999", "--max-threads", "16", "--profile-export-file", str(export),
                "--stability-percentage", "999"]
+    export.unlink(missing_ok=True)  # perf_analyzer refuses an export file that exists (an earlier round's)
     with CpuSampler(server) as sampler:
         done = subprocess.run(command[:-2], capture_output=True, text=True, timeout=warmup_s + 6 * window_s + 300)
     if done.returncode != 0:
-        raise RuntimeError(f"perf_analyzer failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        # Its error comes first, before the usage text.
+        raise RuntimeError(f"perf_analyzer failed: {done.stdout[:500]} ... {done.stdout[-1000:]}{done.stderr[-2000:]}")
     experiment = json.loads(export.read_text())["experiments"][0]
     boundaries = experiment["window_boundaries"]
     start, end = boundaries[-2] / 1e9, boundaries[-1] / 1e9
