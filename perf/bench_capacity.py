@@ -128,11 +128,10 @@ def grpc_measure(server, streams: int, data: Path, export: Path, window_s: float
     """perf_analyzer on `generate`; the window is its last measurement window."""
     command = ["perf_analyzer", "-m", "generate", "-u", server.grpc_url, "-i", "grpc", "--streaming",
                "--input-data", str(data), f"--concurrency-range={streams}", "-p", str(int(window_s * 1000)),
-               "-r", "3", "-s", "999", "--max-threads", "16", "--profile-export-file", str(export),
-               "--stability-percentage", "999"]
+               "-r", "3", "-s", "999", "--max-threads", "16", "--profile-export-file", str(export)]
     export.unlink(missing_ok=True)  # perf_analyzer refuses an export file that exists (an earlier round's)
     with CpuSampler(server) as sampler:
-        done = subprocess.run(command[:-2], capture_output=True, text=True, timeout=warmup_s + 6 * window_s + 300)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=warmup_s + 6 * window_s + 300)
     if done.returncode != 0:
         # Its error comes first, before the usage text.
         raise RuntimeError(f"perf_analyzer failed: {done.stdout[:500]} ... {done.stdout[-1000:]}{done.stderr[-2000:]}")
