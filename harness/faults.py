@@ -193,8 +193,8 @@ def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, cli
     stubs once `steady` requests succeeded. One more client starts at the kill, so requests go
     on while the others wait on requests in flight. The load stops once every instance of the
     model runs in a new stub and requests sent after the kill have answered correctly, without
-    a failure, for `quiet_s`, every request sent before those quiet seconds having ended
-    (recovered_quietly), or after recover_s; each request in flight then ends by itself or after
+    a failure, for `quiet_s` after the watchdog's reload returned, every request sent before
+    those quiet seconds having ended (recovered_quietly), or after recover_s; each request in flight then ends by itself or after
     hang_s. Recovery is the first correct answer after the last failure: with several instances,
     the others may answer before (`first_success_s`)."""
     once = CALLS[via or PIPELINES[model]]
@@ -215,7 +215,13 @@ def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, cli
             time.sleep(0.2)
             if restarted_at is None and restarted(server.pid, before, model):
                 restarted_at = time.monotonic()
-            if restarted_at is not None and recovered_quietly(load.snapshot(), killed, time.monotonic(), quiet_s):
+            # Quiet seconds count once the watchdog's reload returned: until then requests may
+            # still reach the dead instance (CI, 2026-11-28: the new stub ran at +0.2 s, the
+            # reload returned at +10.3 s, and two requests sent at +6.6 s failed at +7.6 s).
+            loaded = next((r.loaded for r in watchdog.restores[restores_before:]
+                           if r.model == model and r.loaded is not None), None)
+            if (restarted_at is not None and loaded is not None and time.monotonic() - loaded >= quiet_s
+                    and recovered_quietly(load.snapshot(), killed, time.monotonic(), quiet_s)):
                 break
     outcomes = load.snapshot()
     last_failure, recovered = recovery(outcomes, killed)
