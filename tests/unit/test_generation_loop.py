@@ -362,6 +362,33 @@ def test_a_final_chunk_behind_a_chunk_never_acknowledged_ends_as_cancelled(tmp_p
     assert loop.load().active_sequences == 0 and loop.load().cancelled_requests == 1
 
 
+def test_a_stream_stopped_while_the_detokenizer_holds_a_chunk_ends_after_that_chunk(tmp_path):
+    """A stop request (read without asking Triton) leaves the engine at once; its final chunk waits
+    for the chunk the detokenizer holds, or a second detokenizer instance could overtake it."""
+    rows = open_rows(ack_table_path(7, 1, tmp_path), 1, SLOTS)
+    engine, client = ScriptedEngine(), Client()
+    client.is_cancelled = lambda handle, ask_client=True: handle in client.gone
+    loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0,
+                          delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=60.0))
+    loop.submit("s", SequenceRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
+                                     delivery_acknowledged=True))
+    (request_id,) = engine.added
+    engine.emit(request_id, [100])
+    loop.step()
+    client.gone.add("s")
+    loop.step()
+    assert engine.cancelled == [request_id] and len(client.chunks["s"]) == 1
+    assert loop.load().active_sequences == 1 and loop.load().cancelled_requests == 1
+    engine.emit(request_id, [101])  # the engine's late output for a stopped request is ignored
+    loop.step()
+    assert len(client.chunks["s"]) == 1
+    Acknowledger(1, tmp_path).acknowledge(np.array([c.delivery for c in client.chunks["s"]]))
+    loop.step()
+    assert [(c.output_ids, c.finish_reason, c.final) for c in client.chunks["s"]] == [
+        ([100], "", False), ([], FINISH_CANCELLED, True)]
+    assert loop.load().active_sequences == 0 and engine.cancelled == [request_id]
+
+
 class RecordingHooks(TurnHooks):
     """Hands one request over per turn from a queue, as a benchmark variant would."""
 

@@ -490,12 +490,25 @@ class GenerationLoop:
             abandoned = set(self.delivery.abandoned()) if self.delivery is not None else set()
         now = self.clock()
         for request_id, live in live_items:
-            if request_id in abandoned or self._cancel_check_due(live, now) and self._is_cancelled(live):
-                # An ended stream waiting to send its final chunk has left the engine already.
+            if request_id in abandoned:
+                # The detokenizer will not acknowledge: the final chunk goes now. An ended stream
+                # waiting to send its final chunk has left the engine already.
                 self._retire(request_id, cancel_engine=self._finishing.pop(request_id, None) is None)
                 with self._lock:
                     self._cancelled += 1
                 self._send(live, live.completion.cancel())
+            elif request_id not in self._finishing and self._cancel_check_due(live, now) and self._is_cancelled(live):
+                with self._lock:
+                    self._cancelled += 1
+                self.engine.cancel(request_id)  # its KV cache is freed now, whatever the detokenizer holds
+                chunk = live.completion.cancel()
+                if self._awaiting_acknowledgement(request_id):
+                    # Behind the chunk the detokenizer holds: sent at once, the final chunk could be
+                    # decoded by another detokenizer instance and reach the client first.
+                    self._finishing[request_id] = [chunk]
+                else:
+                    self._retire(request_id, cancel_engine=False)
+                    self._send(live, chunk)
 
     def _check_stop(self) -> None:
         now = self.clock()
