@@ -200,6 +200,40 @@ def test_each_client_is_asked_about_cancellation_at_most_once_per_interval():
     assert asked == ["a", "b"]
 
 
+def test_cancellation_asks_share_their_rate_among_the_live_requests(tmp_path):
+    """max_cancel_check_rate: with more live requests than the rate allows every cancel_check_s,
+    each is asked every live requests / rate seconds, directly or through its chunks."""
+    now = [0.0]
+    engine, client, asked = ScriptedEngine(), Client(), []
+    client.is_cancelled = lambda handle, ask_client=True: ask_client and (asked.append(handle) or handle in client.gone)
+    rows = open_rows(ack_table_path(7, 1, tmp_path), 1, SLOTS)
+    loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0.5, max_cancel_check_rate=2, clock=lambda: now[0],
+                          delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=600.0, clock=lambda: now[0]))
+    direct = [submit(loop, engine, name) for name in ("a", "b")]
+    loop.submit("s", SequenceRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
+                                     delivery_acknowledged=True))
+    behind = list(engine.added)[-1]
+    acknowledger = Acknowledger(1, tmp_path)
+    for _ in range(3):  # 3 live requests at 2 asks a second: each asked every 1.5 s, not every 0.5 s
+        now[0] += 0.5
+        for request_id in (*direct, behind):
+            engine.emit(request_id, [100])
+        loop.step()
+        acknowledger.acknowledge(np.array([c.delivery for c in client.chunks["s"]]))
+    assert sorted(asked) == ["a", "b", "s"]  # "s" once, on the loop's first turn (behind the ensemble)
+    assert [c.check_cancelled for c in client.chunks["s"]] == [True, False, False]
+    now[0] += 0.5
+    engine.emit(behind, [100])
+    loop.step()
+    assert client.chunks["s"][-1].check_cancelled  # 1.5 s after the first chunk that asked
+    assert sorted(asked) == ["a", "b", "s"]  # the direct ones were last asked 0.5 s ago
+    loop.max_cancel_check_rate = 0  # no limit: every cancel_check_s
+    for _ in range(2):
+        now[0] += 0.5
+        loop.step()
+    assert sorted(asked) == ["a"] * 3 + ["b"] * 3 + ["s"]
+
+
 def test_a_request_behind_the_ensemble_is_asked_about_cancellation_once():
     """Triton cancels an ensemble's llm step only before it starts: it is asked on the first turn and
     never again (what the responder knows without asking still counts on every check)."""

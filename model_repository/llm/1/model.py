@@ -46,7 +46,8 @@ class TritonPythonModel:
                                    stream_interval=config.stream_interval, max_chunk_rate=config.max_chunk_rate,
                                    context_window=DETOKENIZER_WINDOW, on_load=self.publish, delivery=delivery,
                                    stopping=lambda: server_stop.stop_requested(os.getppid()),
-                                   stop_grace_s=config.stop_grace_ms / 1000)
+                                   stop_grace_s=config.stop_grace_ms / 1000,
+                                   max_cancel_check_rate=config.max_cancel_check_rate)
         self.loop.publish_load()
         self.gauges.start()
         self.loop.start()

@@ -270,11 +270,13 @@ class GenerationLoop:
                  cancel_check_s: float = 0.5, delivery: Optional[DeliveryTracker] = None,
                  clock: Callable[[], float] = time.monotonic, idle_poll_s: float = 0.5,
                  max_chunk_rate: float = 0.0, stopping: Callable[[], bool] = lambda: False,
-                 stop_grace_s: float = 20.0):
+                 stop_grace_s: float = 20.0, max_cancel_check_rate: float = 0.0):
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {stream_interval}")
         if max_chunk_rate < 0:
             raise ValueError(f"max_chunk_rate must be >= 0, got {max_chunk_rate}")
+        if max_cancel_check_rate < 0:
+            raise ValueError(f"max_cancel_check_rate must be >= 0, got {max_cancel_check_rate}")
         self.engine = engine
         self.responder = responder
         self.stream_interval = stream_interval
@@ -310,6 +312,12 @@ class GenerationLoop:
         # per cancel_check_s (one behind an ensemble once: _Live says why), so a cancelled request
         # runs on for at most that long plus a turn.
         self.cancel_check_s = cancel_check_s
+        # Asks a second at most (0: no limit): each request is asked every cancel_check_s, or every
+        # live requests / max_cancel_check_rate seconds when that is longer. An ask is a round trip
+        # through a stub and tritonserver: with the synthetic engine at 256 streams, asking every
+        # 0.5 s cost the server 71 microseconds per token against 67 at 50 asks a second (medians
+        # of 6 interleaved rounds, 2026-11-28).
+        self.max_cancel_check_rate = max_cancel_check_rate
         self.delivery = delivery
         self.clock = clock
         self.hooks: Optional[TurnHooks] = None
@@ -536,8 +544,13 @@ class GenerationLoop:
                 self._retire(request_id, cancel_engine=False)
                 self._send(live, chunk)
 
+    def _cancel_check_interval(self) -> float:
+        if not self.max_cancel_check_rate:
+            return self.cancel_check_s
+        return max(self.cancel_check_s, len(self._live) / self.max_cancel_check_rate)
+
     def _cancel_check_due(self, live: _Live, now: float) -> bool:
-        if now - live.cancel_checked < self.cancel_check_s:
+        if now - live.cancel_checked < self._cancel_check_interval():
             return False
         live.cancel_checked = now
         return True
@@ -574,7 +587,7 @@ class GenerationLoop:
             with self._lock:
                 chunk.delivery = self.delivery.stamp(live.request_id)
             now = self.clock()
-            chunk.check_cancelled = now - live.delivery_checked >= self.cancel_check_s
+            chunk.check_cancelled = now - live.delivery_checked >= self._cancel_check_interval()
             if chunk.check_cancelled:
                 live.delivery_checked = now
         if self.max_chunk_rate and not chunk.final:
