@@ -129,13 +129,21 @@ def grpc_measure(server, streams: int, data: Path, export: Path, window_s: float
     command = ["perf_analyzer", "-m", "generate", "-u", server.grpc_url, "-i", "grpc", "--streaming",
                "--input-data", str(data), f"--concurrency-range={streams}", "-p", str(int(window_s * 1000)),
                "-r", "3", "-s", "999", "--max-threads", "16", "--profile-export-file", str(export)]
-    export.unlink(missing_ok=True)  # perf_analyzer refuses an export file that exists (an earlier round's)
-    with CpuSampler(server) as sampler:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=warmup_s + 6 * window_s + 300)
-    if done.returncode != 0:
-        # Its error comes first, before the usage text.
-        raise RuntimeError(f"perf_analyzer failed: {done.stdout[:500]} ... {done.stdout[-1000:]}{done.stderr[-2000:]}")
-    experiment = json.loads(export.read_text())["experiments"][0]
+    for attempt in (1, 2):
+        export.unlink(missing_ok=True)  # perf_analyzer refuses an export file that exists (an earlier round's)
+        with CpuSampler(server) as sampler:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=warmup_s + 6 * window_s + 300)
+        if done.returncode != 0:
+            # Its error comes first, before the usage text.
+            raise RuntimeError(f"perf_analyzer failed: {done.stdout[:500]} ... {done.stdout[-1000:]}{done.stderr[-2000:]}")
+        try:
+            experiment = json.loads(export.read_text())["experiments"][0]
+            break
+        except json.JSONDecodeError as error:
+            # Seen once (2026-11-28): perf_analyzer exited 0 leaving 1.9 of its ~22 MB export.
+            if attempt == 2:
+                raise RuntimeError(f"perf_analyzer's export {export} was cut short twice: {error}") from error
+            print(f"perf_analyzer's export was cut short ({error}); measuring again", flush=True)
     boundaries = experiment["window_boundaries"]
     start, end = boundaries[-2] / 1e9, boundaries[-1] / 1e9
     tokens, ttft, itl, gaps, sizes, failed = 0, [], [], [], [], 0
