@@ -11,8 +11,8 @@ detokenizer instance counts), in rounds whose variant order alternates:
   early), and its profile export gives every response's time and running completion_tokens:
   tokens carried in the measured window, TTFT, ITL per token (a response's gap over the tokens
   it carries) and per response (the gap a user watching the stream sees), tokens per chunk;
-- the OpenAI front: wrk (C) keeps N streamed /v1/completions in flight; tokens carried = requests
-  completed in the window x max_tokens;
+- the OpenAI front: wrk (C) keeps N streamed /v1/completions in flight; tokens carried = N x
+  max_tokens / wrk's mean request latency (Little's law: see openai_measure);
 - CPU per output token of the server (tritonserver and each stub; the OpenAI front apart) over
   the same window, from /proc (psutil);
 - the ceiling: the same tokenize -> synthetic engine -> generation loop -> detokenize in one
