@@ -423,6 +423,47 @@ def test_a_stream_stopped_while_the_detokenizer_holds_a_chunk_ends_after_that_ch
     assert loop.load().active_sequences == 0 and engine.cancelled == [request_id]
 
 
+def test_a_stopped_stream_whose_held_chunk_is_never_acknowledged_ends_once_and_counts_once(tmp_path):
+    now = [0.0]
+    rows = open_rows(ack_table_path(7, 1, tmp_path), 1, SLOTS)
+    engine, client = ScriptedEngine(), Client()
+    client.is_cancelled = lambda handle, ask_client=True: handle in client.gone
+    loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0,
+                          delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=5.0, clock=lambda: now[0]))
+    loop.submit("s", SequenceRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
+                                     delivery_acknowledged=True))
+    (request_id,) = engine.added
+    engine.emit(request_id, [100])
+    loop.step()
+    client.gone.add("s")
+    loop.step()  # parked behind [100], which the detokenizer dropped
+    assert len(client.chunks["s"]) == 1 and loop.load().cancelled_requests == 1
+    now[0] += 5.1
+    loop.step()
+    loop.step()
+    assert [(c.finish_reason, c.final) for c in client.chunks["s"]] == [("", False), (FINISH_CANCELLED, True)]
+    assert loop.load().cancelled_requests == 1 and loop.load().active_sequences == 0
+    assert engine.cancelled == [request_id]
+
+
+def test_a_stop_request_is_seen_every_interval_whatever_the_ask_rate():
+    """The rate caps round trips to Triton; what the Responder knows without one (an LLM-API stop
+    request, read from shared memory) is looked at every cancel_check_s."""
+    now = [0.0]
+    engine, client, stopped = ScriptedEngine(), Client(), set()
+    client.is_cancelled = lambda handle, ask_client=True: handle in stopped
+    loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0.5, max_cancel_check_rate=1, clock=lambda: now[0])
+    for handle in ("x", "y", "z"):
+        loop.submit(handle, SequenceRequest([10, 11], SamplingParams(max_tokens=8), stream=False,
+                                            delivery_acknowledged=True))
+    x = list(engine.added)[0]
+    loop.step()  # behind the ensemble: asked once, now
+    stopped.add("x")
+    now[0] += 0.5  # 3 live requests at 1 ask a second would wait 3 s for a round trip
+    loop.step()
+    assert engine.cancelled == [x] and client.chunks["x"][-1].finish_reason == FINISH_CANCELLED
+
+
 class RecordingHooks(TurnHooks):
     """Hands one request over per turn from a queue, as a benchmark variant would."""
 

@@ -7,9 +7,10 @@ balancing, while another rank has fewer outstanding tokens (tritonfront.core.bal
 requests stay in Triton's queue. One thread per model instance owns the rest: it waits for the
 engine's new tokens, turns them into chunks per request (EOS and end_id, stop words,
 max_tokens, stream_interval), sends them, and asks each direct request's client whether it
-cancelled at most every cancel_check_s (a round trip to Triton each; a request behind the ensemble
-once: _Live says why), so a cancelled request leaves the batch (and frees its KV cache) within
-that time and a step. Streams
+cancelled every cancel_check_s, or every live requests / max_cancel_check_rate seconds when that
+is longer (a round trip to Triton each; a request behind the ensemble once: _Live says why, and
+its stream's chunks ask the detokenizer's request at the same cadence), so a cancelled request
+leaves the batch (and frees its KV cache) within that time and a step. Streams
 abandoned behind the ensemble, which Triton does not cancel, are found through a
 DeliveryTracker (tritonfront.core.delivery) and leave the same way. Sending and the cancellation
 check are a Responder's job, so this runs and is tested without Triton.
@@ -55,7 +56,7 @@ class LLMChunk:
     completion_tokens: int  # ids sent so far, this chunk included
     delivery: tuple[int, int, int, int] = (0, 0, NO_SLOT, 0)  # DeliveryTracker.stamp()
     # Whether the acknowledging step asks Triton if this chunk's request was cancelled (a round
-    # trip it then pays): the loop asks for it on a stream's chunks at most every cancel_check_s.
+    # trip it then pays): the loop asks for it on a stream's chunks at GenerationLoop._ask_interval.
     check_cancelled: bool = True
     log_probs: list[float] = field(default_factory=list)  # one per output id; NaN where the engine gave none
     # One per output id when the request asked for top_logprobs: (token id, log prob) pairs, most
@@ -236,8 +237,8 @@ class _Live:
     # left before the step started, never the running step (server#6739; docs/verification.md).
     # The DeliveryTracker finds abandoned streams instead, and asking every cancel_check_s cost a
     # round trip per request for nothing (more than the llm stub spent sending chunks, py-spy, 64
-    # streams). What the Responder knows without asking (a failed sibling sequence) is still
-    # checked every cancel_check_s.
+    # streams). What the Responder knows without asking (a stop request, a failed sibling
+    # sequence) is still checked every cancel_check_s, whatever max_cancel_check_rate.
     behind_ensemble: bool = False
     asked_client: bool = False
     delivery_checked: float = -math.inf  # when a chunk of it last asked the detokenizer to check
@@ -324,6 +325,7 @@ class GenerationLoop:
         self._live: dict[str, _Live] = {}
         self._held: set[str] = set()  # streams whose ready ids wait for their previous chunk's acknowledgement
         self._finishing: dict[str, list[LLMChunk]] = {}  # ended streams whose final chunk waits the same way
+        self._parked_cancels: set[str] = set()  # those of them cancelled (already counted as such)
         self._cancelled = 0
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified whenever a request leaves
@@ -475,6 +477,7 @@ class GenerationLoop:
                 with self._lock:
                     live = self._live.get(request_id)
                 chunks = self._finishing.pop(request_id)
+                self._parked_cancels.discard(request_id)
                 self._retire(request_id, cancel_engine=False)
                 for chunk in chunks:
                     self._send_or_cancel(live, chunk)
@@ -502,8 +505,10 @@ class GenerationLoop:
                 # The detokenizer will not acknowledge: the final chunk goes now. An ended stream
                 # waiting to send its final chunk has left the engine already.
                 self._retire(request_id, cancel_engine=self._finishing.pop(request_id, None) is None)
-                with self._lock:
-                    self._cancelled += 1
+                if request_id not in self._parked_cancels:  # counted when it was parked
+                    with self._lock:
+                        self._cancelled += 1
+                self._parked_cancels.discard(request_id)
                 self._send(live, live.completion.cancel())
             elif request_id not in self._finishing and self._cancel_check_due(live, now) and self._is_cancelled(live):
                 with self._lock:
@@ -514,6 +519,7 @@ class GenerationLoop:
                     # Behind the chunk the detokenizer holds: sent at once, the final chunk could be
                     # decoded by another detokenizer instance and reach the client first.
                     self._finishing[request_id] = [chunk]
+                    self._parked_cancels.add(request_id)
                 else:
                     self._retire(request_id, cancel_engine=False)
                     self._send(live, chunk)
@@ -544,13 +550,17 @@ class GenerationLoop:
                 self._retire(request_id, cancel_engine=False)
                 self._send(live, chunk)
 
-    def _cancel_check_interval(self) -> float:
+    def _ask_interval(self) -> float:
+        """How often one request's client may be asked whether it cancelled (a round trip to Triton)."""
         if not self.max_cancel_check_rate:
             return self.cancel_check_s
         return max(self.cancel_check_s, len(self._live) / self.max_cancel_check_rate)
 
     def _cancel_check_due(self, live: _Live, now: float) -> bool:
-        if now - live.cancel_checked < self._cancel_check_interval():
+        # Behind the ensemble only the first check asks Triton; the later ones read what the
+        # Responder knows (a stop request, a failed sibling) for free, every cancel_check_s.
+        asks = not (live.behind_ensemble and live.asked_client)
+        if now - live.cancel_checked < (self._ask_interval() if asks else self.cancel_check_s):
             return False
         live.cancel_checked = now
         return True
@@ -576,6 +586,7 @@ class GenerationLoop:
             lost, self._live = [live.handle for live in self._live.values()], {}
             self._streams = 0
             self._finishing.clear()
+            self._parked_cancels.clear()
             self._room.notify_all()
         for handle in lost:
             self._fail(handle, error)
@@ -587,7 +598,7 @@ class GenerationLoop:
             with self._lock:
                 chunk.delivery = self.delivery.stamp(live.request_id)
             now = self.clock()
-            chunk.check_cancelled = now - live.delivery_checked >= self._cancel_check_interval()
+            chunk.check_cancelled = now - live.delivery_checked >= self._ask_interval()
             if chunk.check_cancelled:
                 live.delivery_checked = now
         if self.max_chunk_rate and not chunk.final:
