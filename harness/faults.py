@@ -194,8 +194,8 @@ def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, cli
     on while the others wait on requests in flight. The load stops once every instance of the
     model runs in a new stub and requests sent after the kill have answered correctly, without
     a failure, for `quiet_s` after the watchdog's reload returned, every request sent before
-    those quiet seconds having ended (recovered_quietly), or after recover_s; each request in flight then ends by itself or after
-    hang_s. Recovery is the first correct answer after the last failure: with several instances,
+    those quiet seconds having ended (recovered_quietly), or after recover_s; each request in
+    flight then ends by itself or after hang_s. Recovery is the first correct answer after the last failure: with several instances,
     the others may answer before (`first_success_s`)."""
     once = CALLS[via or PIPELINES[model]]
     call = lambda: once(server.grpc_url, hang_s)  # noqa: E731

@@ -135,7 +135,8 @@ def grpc_measure(server, streams: int, data: Path, export: Path, window_s: float
             done = subprocess.run(command, capture_output=True, text=True, timeout=warmup_s + 6 * window_s + 300)
         if done.returncode != 0:
             # Its error comes first, before the usage text.
-            raise RuntimeError(f"perf_analyzer failed: {done.stdout[:500]} ... {done.stdout[-1000:]}{done.stderr[-2000:]}")
+            raise RuntimeError(f"perf_analyzer failed: {done.stdout[:500]} ... "
+                               f"{done.stdout[-1000:]}{done.stderr[-2000:]}")
         try:
             experiment = json.loads(export.read_text())["experiments"][0]
             break

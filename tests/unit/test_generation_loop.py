@@ -375,15 +375,23 @@ def test_the_loop_waits_for_the_engine_as_long_as_its_own_work_allows(tmp_path):
     assert waits[-1] == 0.02  # hooks that take requests over need every turn
 
 
-def test_a_final_chunk_behind_a_chunk_never_acknowledged_ends_as_cancelled(tmp_path):
-    now = [0.0]
+def stream_behind_ensemble(tmp_path, timeout_s: float, now: list):
+    """A loop holding one stream, "s", behind the ensemble (a detokenizer acknowledges its chunks;
+    unacknowledged for timeout_s on the clock `now[0]`, it is abandoned), cancellation checked on
+    every turn; and the stream's id in the engine."""
     rows = open_rows(ack_table_path(7, 1, tmp_path), 1, SLOTS)
     engine, client = ScriptedEngine(), Client()
     loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0,
-                          delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=5.0, clock=lambda: now[0]))
+                          delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=timeout_s, clock=lambda: now[0]))
     loop.submit("s", SequenceRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
                                      delivery_acknowledged=True))
     (request_id,) = engine.added
+    return engine, client, loop, request_id
+
+
+def test_a_final_chunk_behind_a_chunk_never_acknowledged_ends_as_cancelled(tmp_path):
+    now = [0.0]
+    engine, client, loop, request_id = stream_behind_ensemble(tmp_path, 5.0, now)
     engine.emit(request_id, [100])
     loop.step()
     engine.emit(request_id, [101, EOS], finished=True)
@@ -399,14 +407,8 @@ def test_a_final_chunk_behind_a_chunk_never_acknowledged_ends_as_cancelled(tmp_p
 def test_a_stream_stopped_while_the_detokenizer_holds_a_chunk_ends_after_that_chunk(tmp_path):
     """A stop request (read without asking Triton) leaves the engine at once; its final chunk waits
     for the chunk the detokenizer holds, or a second detokenizer instance could overtake it."""
-    rows = open_rows(ack_table_path(7, 1, tmp_path), 1, SLOTS)
-    engine, client = ScriptedEngine(), Client()
+    engine, client, loop, request_id = stream_behind_ensemble(tmp_path, 60.0, [0.0])
     client.is_cancelled = lambda handle, ask_client=True: handle in client.gone
-    loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0,
-                          delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=60.0))
-    loop.submit("s", SequenceRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
-                                     delivery_acknowledged=True))
-    (request_id,) = engine.added
     engine.emit(request_id, [100])
     loop.step()
     client.gone.add("s")
@@ -425,14 +427,8 @@ def test_a_stream_stopped_while_the_detokenizer_holds_a_chunk_ends_after_that_ch
 
 def test_a_stopped_stream_whose_held_chunk_is_never_acknowledged_ends_once_and_counts_once(tmp_path):
     now = [0.0]
-    rows = open_rows(ack_table_path(7, 1, tmp_path), 1, SLOTS)
-    engine, client = ScriptedEngine(), Client()
+    engine, client, loop, request_id = stream_behind_ensemble(tmp_path, 5.0, now)
     client.is_cancelled = lambda handle, ask_client=True: handle in client.gone
-    loop = GenerationLoop(engine, client, poll_s=0, cancel_check_s=0,
-                          delivery=DeliveryTracker(rows[0], 7, 0, timeout_s=5.0, clock=lambda: now[0]))
-    loop.submit("s", SequenceRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
-                                     delivery_acknowledged=True))
-    (request_id,) = engine.added
     engine.emit(request_id, [100])
     loop.step()
     client.gone.add("s")

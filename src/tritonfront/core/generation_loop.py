@@ -514,15 +514,8 @@ class GenerationLoop:
                 with self._lock:
                     self._cancelled += 1
                 self.engine.cancel(request_id)  # its KV cache is freed now, whatever the detokenizer holds
-                chunk = live.completion.cancel()
-                if self._awaiting_acknowledgement(request_id):
-                    # Behind the chunk the detokenizer holds: sent at once, the final chunk could be
-                    # decoded by another detokenizer instance and reach the client first.
-                    self._finishing[request_id] = [chunk]
+                if self._end_in_order(request_id, live, live.completion.cancel()):
                     self._parked_cancels.add(request_id)
-                else:
-                    self._retire(request_id, cancel_engine=False)
-                    self._send(live, chunk)
 
     def _check_stop(self) -> None:
         now = self.clock()
@@ -544,11 +537,18 @@ class GenerationLoop:
         for request_id, live in live_items:
             chunk = live.completion.end_now(FINISH_CANCELLED)
             self.engine.cancel(request_id)
-            if self._awaiting_acknowledgement(request_id):
-                self._finishing[request_id] = [chunk]  # after the chunk the detokenizer holds
-            else:
-                self._retire(request_id, cancel_engine=False)
-                self._send(live, chunk)
+            self._end_in_order(request_id, live, chunk)
+
+    def _end_in_order(self, request_id: str, live: _Live, final_chunk: LLMChunk) -> bool:
+        """Sends the final chunk of a request that has left the engine, or parks it until the chunk
+        the detokenizer holds is acknowledged (sent at once, it could be decoded by another
+        detokenizer instance and reach the client first); returns whether it was parked."""
+        if self._awaiting_acknowledgement(request_id):
+            self._finishing[request_id] = [final_chunk]
+            return True
+        self._retire(request_id, cancel_engine=False)
+        self._send(live, final_chunk)
+        return False
 
     def _ask_interval(self) -> float:
         """How often one request's client may be asked whether it cancelled (a round trip to Triton)."""

@@ -139,10 +139,10 @@ class LLMConfig(Config):
                                            "one waits live streams / max_chunk_rate seconds after its previous one "
                                            "and carries every token generated meanwhile; 0: no limit", minimum=0)
     max_cancel_check_rate: int = _parameter(50, "times a second a rank asks Triton at most whether a client "
-                                                 "cancelled: each request is asked every 0.5 s (the loop's cancel_check_s), or every live "
-                                                 "requests / max_cancel_check_rate seconds when longer (a stream "
-                                                 "whose client left is freed that much later); 0: no limit",
-                                            minimum=0)
+                                                 "cancelled: each request is asked every 0.5 s (the loop's "
+                                                 "cancel_check_s), or every live requests / max_cancel_check_rate "
+                                                 "seconds when longer (a stream whose client left is freed that "
+                                                 "much later); 0: no limit", minimum=0)
     max_num_seqs: int = _parameter(256, "sequences in one forward pass", minimum=1)
     max_active_requests: int = _parameter(256, "unfinished requests one rank holds; beyond them requests wait in "
                                               "Triton's queue, whose size limit and timeout reject what cannot be "
