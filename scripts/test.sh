@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite: the tests that need no server (unit, harness), then the integration tests
-# against real tritonserver processes (tests/conftest.py orders them); then the contract tests
-# whose result depends on the llm engine (marker `contract`, not `embed` or `any_engine`) again on the engine the
-# committed deployment does not run (hf or llama_cpp, through TRITONFRONT_TEST_ENGINE; where
-# llama-cpp-python and the GGUF are there), so both CPU engines keep every contract. Each run
-# ends with its slowest tests; a test that hangs fails at pytest.ini's limit, naming itself. Extra
-# arguments go to both pytest runs (e.g. -k embed, -x, tests/unit; a narrowed run that selects no
-# test counts as passed); with `-m` of its own a run is the user's selection, and the second pass
-# is not made.
+# against real tritonserver processes (tests/conftest.py orders them), each set in a pytest run of
+# its own; then the contract tests whose result depends on the llm engine (marker `contract`, not
+# `embed` or `any_engine`) again on the engine the committed deployment does not run (hf or
+# llama_cpp, through TRITONFRONT_TEST_ENGINE; where llama-cpp-python and the GGUF are there), so
+# both CPU engines keep every contract. Each run ends with its slowest tests; a test that hangs
+# fails at pytest.ini's limit, naming itself. Extra arguments go to every pytest run (e.g. -k
+# embed, -x, tests/unit; a narrowed run that selects no test counts as passed); with `-m` of its
+# own a run is the user's selection, and the second pass is not made.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$TRITONFRONT_ROOT"
@@ -26,7 +26,11 @@ run_pytest() {
   }
 }
 unset TRITONFRONT_TEST_ENGINE  # the first run is the committed deployment, whatever the shell holds
-run_pytest "$@"
+# The tests that start no server run on every core (pytest-xdist; TRITONFRONT_TEST_WORKERS sets how
+# many): on one core they left the other idle for six minutes. Those that start servers run one at
+# a time: each server takes both cores, and their timings are what several tests check.
+run_pytest -n "${TRITONFRONT_TEST_WORKERS:-auto}" --servers without "$@"
+run_pytest --servers only "$@"
 for arg in "$@"; do
   if [[ "$arg" == -m* ]]; then
     echo "== not run: the contract tests on the other engine (the arguments choose their own -m)"

@@ -90,7 +90,13 @@ def _module_places(items) -> dict:
     return places
 
 
-def pytest_collection_modifyitems(items):
+def pytest_addoption(parser):
+    parser.addoption("--servers", choices=("without", "only"), default=None,
+                     help="run only the tests that start no server (`without`: scripts/test.sh runs them on "
+                          "every core with pytest-xdist) or only those that do (`only`); default: both")
+
+
+def pytest_collection_modifyitems(config, items):
     """Tests on the session deployment are the contract tests (marker `contract`): scripts/test.sh
     runs those whose result depends on the llm engine (not marked `embed` or `any_engine`) again on the other CPU
     engine. Then the modules in the order above, each one's tests in its file's order."""
@@ -100,6 +106,12 @@ def pytest_collection_modifyitems(items):
     places = _module_places(items)
     _PLACES.update(places)
     items.sort(key=lambda item: places[item.path])  # stable: collection order within a place
+    servers = config.getoption("servers")
+    if servers:
+        keep = (lambda item: places[item.path] == NO_SERVER) if servers == "without" else \
+            (lambda item: places[item.path] != NO_SERVER)
+        config.hook.pytest_deselected(items=[item for item in items if not keep(item)])
+        items[:] = [item for item in items if keep(item)]
 
 
 def pytest_collection_finish(session):

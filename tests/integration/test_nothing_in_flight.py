@@ -36,6 +36,7 @@ WHOLE = 24  # tokens of a non-streamed request: nothing tells the llm its client
 SETTLE_S = 180  # for every abandoned request to end, on a loaded 2-core machine
 STOP_S = 10
 QUIET_S = 30  # no answer for this long: the work of clients that left is done
+STILL_S = 5  # no answer for this long after all were: nothing more is coming
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +70,17 @@ def pending(server) -> dict[str, float]:
 def all_answered(server, model: str, before: int, sent: int, exact: bool = True) -> None:
     """Waits until Triton answered the `sent` requests (at least one when not `exact`: a client that
     left before its request surely reached Triton) and nothing more is coming: the llm holds no
-    sequence and the count stood still for 5 s, so the next case starts from a quiet server."""
+    sequence and the count stood still for STILL_S (QUIET_S while fewer than `sent` are answered),
+    so the next case starts from a quiet server."""
     deadline, last, still_since = time.monotonic() + SETTLE_S, -1, time.monotonic()
     while True:
         done = answered(server, model) - before
         if done != last:
             last, still_since = done, time.monotonic()
         # A client that left does not stop a non-decoupled step Triton already runs: an embed
-        # request of 16 long texts goes on for many seconds on a loaded machine.
-        settled = (time.monotonic() - still_since > (5 if exact else QUIET_S)
+        # request of 16 long texts goes on for many seconds on a loaded machine. Once all `sent`
+        # are answered, none is still running.
+        settled = (time.monotonic() - still_since > (STILL_S if done >= sent else QUIET_S)
                    and not llm_gauges(server.metrics())["active_sequences"])
         if settled and (done >= sent or (not exact and done > 0)):
             return
@@ -211,11 +214,13 @@ def test_then_nothing_is_in_flight_and_sigterm_stops_everything_in_under_10_s(se
     assert server.is_ready()
     deadline = time.monotonic() + SETTLE_S
     # The llm ends abandoned streams within seconds, the whole requests once generated; running
-    # embed steps end on their own: none may still be working when the stop's clock starts.
+    # embed steps end on their own: none may still be working when the stop's clock starts. Each
+    # case above waited until its requests were answered (all_answered), so STILL_S of no answer
+    # confirms it.
     models = ("generate", "ensemble", "embed", "embed_tokens")
     counts, still_since = None, time.monotonic()
     while (pending(server) or llm_gauges(server.metrics())["active_sequences"]
-           or time.monotonic() - still_since < QUIET_S):
+           or time.monotonic() - still_since < STILL_S):
         if (now := [answered(server, model) for model in models]) != counts:
             counts, still_since = now, time.monotonic()
         assert time.monotonic() < deadline, f"pending: {pending(server)}, llm: {llm_gauges(server.metrics())}"

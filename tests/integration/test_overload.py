@@ -70,6 +70,7 @@ async def wait_for(condition, timeout: float = 120.0) -> None:
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.embed
 def test_512_embed_requests_wait_and_a_flood_past_its_deadline_is_rejected_at_it(server):
     # ~120-token texts: the 512 must outlast the flood's deadline several times over, and must all
     # be served within the queues' 60 s. 2-core machines have embedded 60-token texts at 25-100

