@@ -287,7 +287,20 @@ def test_detokenizer_decodes_passes_through_and_acknowledges_what_it_decoded(pb_
     first = pb_utils.FakeRequest(chunk_inputs(ids[:2], final=False, delivery=(key, 0, 3, 41)))
     rest = pb_utils.FakeRequest(chunk_inputs(ids[2:], context_ids=ids[:2], delivery=(key, 0, 4, 42)))
     bad = pb_utils.FakeRequest(chunk_inputs([10**6], delivery=(key, 0, 5, 43)))
-    responses = model.execute([first, rest, bad])
+    # What the llm could read when each response left the stub: nothing acknowledged yet, so it
+    # cannot send a stream's next chunk (to another instance) before this one's text is out.
+    acks_at_send = []
+    for request in (first, rest, bad):
+        send = request.sender.send
+        request.sender.send = lambda response, flags=0, send=send: (acks_at_send.append(acks[0, 3:6].tolist()),
+                                                                    send(response, flags))
+    assert model.execute([first, rest, bad]) is None
+    assert acks_at_send == [[0, 0, 0]] * 3
+    responses = []
+    for request in (first, rest, bad):
+        [(response, flags)] = request.sender.sent
+        assert flags == pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        responses.append(response)
     texts_out = [r.outputs()["text_output"][0].decode() for r in responses[:2]]
     assert "".join(texts_out) == "Hello world, ünïcode"
     assert responses[1].outputs()["finish_reason"].tolist() == [[b"stop"]]

@@ -86,14 +86,27 @@ TOKENIZERS = {
 BYTE_LEVEL = ["smollm2", "byte_level_straddling"]
 
 
+# The shipped folders' detokenizers are loaded as the stub loads them (from_folder: the Rust
+# tokenizer alone), with transformers' tokenizer of the same folder as the reference they must equal.
+FOLDERS = {"smollm2": llm_model_dir, "wordpiece_minilm": embed_model_dir}
+
 _cache: dict = {}
 
 
 def _get(name):
     if name not in _cache:
         tokenizer = TOKENIZERS[name]()
-        _cache[name] = (tokenizer, StreamDetokenizer(tokenizer))
+        detokenizer = StreamDetokenizer.from_folder(FOLDERS[name]()) if name in FOLDERS else StreamDetokenizer(tokenizer)
+        _cache[name] = (tokenizer, detokenizer)
     return _cache[name]
+
+
+@pytest.mark.parametrize("name", list(FOLDERS))
+def test_a_folders_detokenizer_without_transformers_is_the_one_through_transformers(name):
+    loaded, through_transformers = _get(name)[1], StreamDetokenizer(TOKENIZERS[name]())
+    assert loaded.vocab_size == through_transformers.vocab_size
+    assert loaded._special == through_transformers._special
+    assert loaded._bytes == through_transformers._bytes
 
 
 @pytest.fixture(params=list(TOKENIZERS))

@@ -15,8 +15,14 @@ class TritonPythonModel:
 
     def execute(self, requests):
         # A chunk of a cancelled ensemble request reaches here (this model has no dynamic batcher to
-        # drop it, config.pbtxt says why) and is answered, its stream refused to the llm.
-        return glue.execute_batch(requests, DetokenizeRequest.parse, self.compute, cancellation=True)
+        # drop it, config.pbtxt says why) and is answered, its stream refused to the llm. The
+        # chunks are acknowledged only once their responses were sent (Acknowledger.acknowledge_later).
+        responses = glue.execute_batch(requests, DetokenizeRequest.parse, self.compute, cancellation=True)
+        try:
+            glue.send_each(requests, responses)
+        finally:
+            self.acknowledger.flush()
+        return None
 
     def compute(self, requests):
-        return self.detokenizer.respond(requests, self.acknowledger.acknowledge, self.acknowledger.refuse)
+        return self.detokenizer.respond(requests, self.acknowledger.acknowledge_later, self.acknowledger.refuse_later)

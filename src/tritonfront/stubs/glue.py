@@ -133,6 +133,18 @@ def execute_batch(requests: Sequence, parse: Callable, compute: Callable[[list],
     return responses
 
 
+def send_each(requests: Sequence, responses: Sequence) -> None:
+    """Sends each request of a non-decoupled model its one response (FINAL) through its response
+    sender, for an execute that returns None: the send returns once tritonserver has the response,
+    so what the model does next (the detokenizer's acknowledgements) comes after it, where a
+    returned response would leave the stub only after execute."""
+    for request, answer in zip(requests, responses):
+        try:
+            request.get_response_sender().send(answer, flags=FINAL)
+        except Exception as error:  # one request's failed send must not stop the others' answers
+            logger.error("sending a response failed", exc_info=error)
+
+
 def _answer(result: Any) -> "pb_utils.InferenceResponse":
     if isinstance(result, Exception):
         return error_response(result)
