@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -365,11 +366,13 @@ def test_serve_forwards_signals_and_keeps_the_server_status(fake_triton, tmp_pat
             for name, mark in marks.items()}
     # The drain before a SIGTERM is forwarded has tests of its own (drain below). A shell cannot
     # trap a signal it was started with ignored, and a suite started in the background (`nohup ...
-    # &`) hands every child SIGINT ignored: serve.sh starts with the defaults a terminal gives it.
-    process = subprocess.Popen(["bash", str(SCRIPTS / "serve.sh")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # &`) hands every child SIGINT ignored: serve.sh starts with the default a terminal gives it,
+    # set by a Python that then becomes bash (no preexec_fn in this threaded xdist worker).
+    with_default = (f"import os, signal; signal.signal({int(signal_number)}, signal.SIG_DFL); "
+                    f"os.execvp('bash', ['bash', {str(SCRIPTS / 'serve.sh')!r}])")
+    process = subprocess.Popen([sys.executable, "-c", with_default], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                env=serve_env(fake_triton, tmp_path, FAKE_TRITONSERVER_THEN=then["server"],
-                                             FAKE_FRONT_THEN=then["front"], TRITONFRONT_DRAIN_TIMEOUT="0"),
-                               preexec_fn=lambda: signal.signal(signal_number, signal.SIG_DFL))
+                                             FAKE_FRONT_THEN=then["front"], TRITONFRONT_DRAIN_TIMEOUT="0"))
     wait_for_file(tmp_path / "args")
     wait_for_file(tmp_path / "front args")
     process.send_signal(signal_number)
@@ -650,15 +653,20 @@ class BackgroundDryRun:
         self._args, self._env = args, env
 
     def start(self) -> None:
+        command = [*PIP_DRY_RUN, *self._args(), "--report", str(self._folder / "report.json")]
+        env = self._env()
         try:
             self._folder.mkdir(parents=True)  # atomic: one claim per run
         except FileExistsError:
             return
-        command = [*PIP_DRY_RUN, *self._args(), "--report", str(self._folder / "report.json")]
         # The exit status is written last, under its final name only once complete.
         script = '"$@" 2>"$0/stderr"; echo $? > "$0/status.part" && mv "$0/status.part" "$0/status"'
-        subprocess.Popen(["sh", "-c", script, str(self._folder), *command], stdout=subprocess.DEVNULL,
-                         env=self._env(), start_new_session=True)
+        try:
+            subprocess.Popen(["sh", "-c", script, str(self._folder), *command], stdout=subprocess.DEVNULL,
+                             env=env, start_new_session=True)
+        except OSError as error:  # the claim is answered, or every worker would wait out the deadline
+            (self._folder / "stderr").write_text(f"{type(error).__name__}: {error}")
+            (self._folder / "status").write_text("1")
 
     def result(self) -> dict:
         self.start()
@@ -674,7 +682,7 @@ class BackgroundDryRun:
 # Shared by the xdist workers of one run (the same PYTEST_XDIST_TESTRUNUID), this process's alone
 # without xdist.
 RUN_FOLDER = Path(tempfile.gettempdir()) / "tritonfront-pip-dry-run-{}".format(
-    os.environ.get("PYTEST_XDIST_TESTRUNUID", os.getpid()))
+    os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex)
 
 
 def unpinned(resolved: dict, constraints: Path) -> list[str]:

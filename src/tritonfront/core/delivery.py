@@ -20,6 +20,7 @@ ensemble passes) are tracked: chunks sent to a client directly are never acknowl
 client's cancellation reaches the llm anyway.
 """
 import collections
+import logging
 import time
 import zlib
 from pathlib import Path
@@ -28,6 +29,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from .shared_tables import DEFAULT_DIRECTORY, open_existing_rows, open_rows, remove_stale_tables, table_path
+
+logger = logging.getLogger("tritonfront.delivery")
 
 SLOTS = 4096  # tracked streams per rank; a stream finding none free is simply not tracked
 NO_SLOT = -1
@@ -144,9 +147,15 @@ class Acknowledger:
         self._later.append((deliveries, True))
 
     def flush(self) -> None:
+        """Writes what acknowledge_later and refuse_later recorded. A table that cannot be written
+        (being created, or gone) costs only its own entries: their streams end at the llm's
+        acknowledgement timeout."""
         later, self._later = self._later, []
         for deliveries, refused in later:
-            self._record(deliveries, refused)
+            try:
+                self._record(deliveries, refused)
+            except (OSError, ValueError) as error:
+                logger.warning("acknowledgements not written: %s", error)
 
     def acknowledge(self, deliveries: np.ndarray) -> None:
         """deliveries: [chunks, 4] (model key, rank, slot, serial) as the llm stamped them: decoded."""

@@ -246,6 +246,12 @@ def _common_prefix_length(a: str, b: str) -> int:
     return len(os.path.commonprefix([a, b]))
 
 
+# tokenizer_config.json settings with which transformers changes the Rust tokenizer it loads
+# (special flags of added tokens, a rebuilt pre-tokenizer or decoder): StreamDetokenizer.from_folder
+# then loads through transformers.
+REBUILDING_SETTINGS = frozenset({"added_tokens_decoder", "add_prefix_space", "legacy"})
+
+
 @dataclass
 class _Plan:
     prefix: list[int]
@@ -283,14 +289,15 @@ class StreamDetokenizer:
         """Decoding needs only the Rust tokenizer of tokenizer.json and one setting of
         tokenizer_config.json (transformers' default where it is absent): loaded through
         transformers' AutoTokenizer, which imports torch, a detokenizer stub spent 3.4 CPU seconds
-        more at every start. A folder without tokenizer.json goes through transformers, which
-        converts what it finds there."""
+        more at every start. A folder without tokenizer.json, or whose tokenizer_config.json has
+        settings transformers applies to the Rust tokenizer (REBUILDING_SETTINGS), goes through
+        transformers."""
         tokenizer_file = Path(model_dir) / "tokenizer.json"
-        if tokenizer_file.exists():
+        config_file = Path(model_dir) / "tokenizer_config.json"
+        config = json.loads(config_file.read_text()) if config_file.exists() else {}
+        if tokenizer_file.exists() and not REBUILDING_SETTINGS & config.keys():
             from tokenizers import Tokenizer
 
-            config_file = Path(model_dir) / "tokenizer_config.json"
-            config = json.loads(config_file.read_text()) if config_file.exists() else {}
             return cls(Tokenizer.from_file(str(tokenizer_file)),
                        clean_up_tokenization_spaces=bool(config.get("clean_up_tokenization_spaces", False)), **kwargs)
         from transformers import AutoTokenizer

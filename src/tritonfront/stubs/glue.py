@@ -139,10 +139,14 @@ def send_each(requests: Sequence, responses: Sequence) -> None:
     so what the model does next (the detokenizer's acknowledgements) comes after it, where a
     returned response would leave the stub only after execute."""
     for request, answer in zip(requests, responses):
+        sender = request.get_response_sender()
         try:
-            request.get_response_sender().send(answer, flags=FINAL)
+            sender.send(answer, flags=FINAL)
         except Exception as error:  # one request's failed send must not stop the others' answers
             logger.error("sending a response failed", exc_info=error)
+            # A request left without a final response would stay in flight in Triton for good.
+            with contextlib.suppress(Exception):
+                sender.send(error_response(error), flags=FINAL)
 
 
 def _answer(result: Any) -> "pb_utils.InferenceResponse":
