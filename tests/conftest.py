@@ -108,10 +108,11 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: places[item.path])  # stable: collection order within a place
     servers = config.getoption("servers")
     if servers:
-        keep = (lambda item: places[item.path] == NO_SERVER) if servers == "without" else \
-            (lambda item: places[item.path] != NO_SERVER)
-        config.hook.pytest_deselected(items=[item for item in items if not keep(item)])
-        items[:] = [item for item in items if keep(item)]
+        keep, drop = [], []
+        for item in items:
+            (keep if (places[item.path] == NO_SERVER) == (servers == "without") else drop).append(item)
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def pytest_collection_finish(session):

@@ -57,9 +57,9 @@ def dp_references():
 @pytest.fixture(scope="module")
 def dp_server(tmp_path_factory):
     """DP 2 (llm balanced by tokens; perf/bench_dp_balancing.py compares Triton's own placement)
-    and 4 detokenizers, one torch thread per llm instance on this 2-core machine; room for a burst of 64 streams, so that
-    placement, not the admission limit, decides where requests go. A request without max_tokens
-    gets MAX_TOKENS (llm.default_max_tokens)."""
+    and 4 detokenizers, one torch thread per llm instance on this 2-core machine; room for a burst
+    of 64 streams, so that placement, not the admission limit, decides where requests go. A
+    request without max_tokens gets MAX_TOKENS (llm.default_max_tokens)."""
     out = tmp_path_factory.mktemp("dp2")
     repositories = write_deployment(out, "--dp", "2", "--detokenizers", "4", "--set", "llm.num_threads=1",
                                     "--set", f"llm.default_max_tokens={MAX_TOKENS}",

@@ -651,8 +651,12 @@ class BackgroundDryRun:
     def __init__(self, name: str, args: callable, env: callable = lambda: None):
         self._folder = RUN_FOLDER / name
         self._args, self._env = args, env
+        self._asked = False  # this process tried its claim already (result() calls start() again)
 
     def start(self) -> None:
+        if self._asked:
+            return
+        self._asked = True
         command = [*PIP_DRY_RUN, *self._args(), "--report", str(self._folder / "report.json")]
         env = self._env()
         try:

@@ -139,7 +139,7 @@ class Acknowledger:
         """`acknowledge` once `flush` is called: after the chunk's response has left the stub. An
         acknowledgement lets the llm send the stream's next chunk, which another instance may
         decode and answer first; written before this instance's response had reached Triton, it
-        let streams arrive out of order (test_generate, 4 instances: 4 of 4 runs once the stubs
+        let streams arrive out of order (test_generate with 4 instances, every run once the stubs
         loaded faster)."""
         self._later.append((deliveries, False))
 
