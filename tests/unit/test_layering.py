@@ -35,8 +35,8 @@ PROCESSES = {"stubs", "watchdog", "openai"}
 ROOMS = {"errors": 0, "threads": 0, "engines": 1, "core": 2, "triton": 3, **{process: 4 for process in PROCESSES}}
 # The core's own layers, lowest first.
 CORE_LAYERS = [
-    {"config_tensors"},
-    {"inputs", "shared_tables", "padding", "chunk_packing", "ragged", "model_sources", "stopping", "rank_load", "trtllm_contract"},
+    {"config_tensors", "chat_template"},
+    {"tokenizer_files", "inputs", "shared_tables", "padding", "chunk_packing", "ragged", "model_sources", "stopping", "rank_load", "trtllm_contract"},
     {"encoding", "delivery", "balancing", "generation_request", "core_sharing", "llmapi_contract", "stop_requests",
      "server_stop"},
     {"tokenization", "detokenization", "pooling", "generation_loop", "llmapi_request"},

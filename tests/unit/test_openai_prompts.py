@@ -7,7 +7,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from tritonfront.core import model_sources
 from tritonfront.openai.api_errors import OpenAIError
-from tritonfront.openai.chat_template import ChatTemplate
+from tritonfront.core.chat_template import ChatTemplate
 from tritonfront.openai.local_tokenizer import LocalTokenizer
 from tritonfront.openai.prompts import Prompts
 

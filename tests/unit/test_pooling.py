@@ -2,6 +2,8 @@
 sentence-transformers' own modules on the padded batch."""
 import json
 import math
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -11,7 +13,7 @@ import torch
 from tritonfront.core import model_sources, padding
 from tritonfront.core.encoding import RaggedEncoder
 from tritonfront.errors import InvalidInput
-from tritonfront.core.pooling import POOLING_MODES, DenseLayer, PoolingHead, pool, truncate_dimensions
+from tritonfront.core.pooling import POOLING_MODES, DenseLayer, PoolingHead, pool, pooling_modes, truncate_dimensions
 from tritonfront.core.ragged import RaggedBatch
 from tritonfront.core.tokenization import BatchTokenizer, TextRequest
 
@@ -248,3 +250,28 @@ def test_heads_that_would_not_match_sentence_transformers_are_refused(tmp_path, 
     write_head(tmp_path, modules)
     with pytest.raises(ValueError, match=problem):
         PoolingHead.from_folder(tmp_path, HIDDEN)
+
+
+@pytest.mark.parametrize("config", [
+    {"word_embedding_dimension": 4, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True},
+    {"word_embedding_dimension": 4, "pooling_mode_lasttoken": True, "pooling_mode_cls_token": True,
+     "pooling_mode_max_tokens": True},
+    {"word_embedding_dimension": 4, "pooling_mode_mean_tokens": False},
+    {"embedding_dimension": 4, "pooling_mode": "weightedmean"},
+    {"embedding_dimension": 4, "pooling_mode": ["max", "mean_sqrt_len_tokens"]},
+    {"embedding_dimension": 4}], ids=["legacy", "legacy-several", "legacy-none-set", "one", "list", "default"])
+def test_pooling_modes_are_read_as_sentence_transformers_reads_them(tmp_path, config):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    mode = Pooling.load(str(tmp_path)).pooling_mode
+    assert pooling_modes(tmp_path) == ((mode,) if isinstance(mode, str) else tuple(mode))
+
+
+def test_a_head_without_dense_layers_loads_without_sentence_transformers():
+    code = ("import sys\n"
+            "from tritonfront.core import model_sources\n"
+            "from tritonfront.core.pooling import PoolingHead\n"
+            "head = PoolingHead.for_model(model_sources.model_dir('embed'))\n"
+            "print(head.modes, head.normalized, 'sentence_transformers' in sys.modules, 'transformers' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "('mean',) True False False"

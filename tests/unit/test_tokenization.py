@@ -26,6 +26,11 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
+def hf():
+    return AutoTokenizer.from_pretrained(model_sources.embed_model_dir())
+
+
+@pytest.fixture(scope="module")
 def reference_ids():
     """Token ids per text exactly as SentenceTransformer.encode feeds them to the model."""
     model = SentenceTransformer(str(model_sources.embed_model_dir()), device="cpu")
@@ -52,19 +57,18 @@ def test_ids_equal_sentence_transformers_including_truncation(tokenizer, referen
         assert (ids[length:] == tokenizer.pad_id).all()
 
 
-def test_truncated_texts_keep_cls_and_sep(tokenizer, reference_ids):
-    cls_id, sep_id = tokenizer.tokenizer.cls_token_id, tokenizer.tokenizer.sep_token_id
+def test_truncated_texts_keep_cls_and_sep(tokenizer, hf):
+    cls_id, sep_id = hf.cls_token_id, hf.sep_token_id
     for text in ("word " * 300, "[SEP] " * 400, "x [SEP]" * 200):
         ids = rows(tokenizer.encode_requests([TextRequest([text])])[0])[0]
         assert len(ids) == 256 and ids[0] == cls_id and ids[-1] == sep_id
         # A [SEP] written in the text is text: truncation cuts it like any other token.
-        hf = tokenizer.tokenizer(text, truncation=True, max_length=256)["input_ids"]
-        assert ids == hf
+        assert ids == hf(text, truncation=True, max_length=256)["input_ids"]
 
 
-def test_empty_and_whitespace_texts_are_cls_sep_like_sentence_transformers(tokenizer, reference_ids):
+def test_empty_and_whitespace_texts_are_cls_sep_like_sentence_transformers(tokenizer, reference_ids, hf):
     for text in ("", "   ", "\n\t"):
-        assert reference_ids[text] == [tokenizer.tokenizer.cls_token_id, tokenizer.tokenizer.sep_token_id]
+        assert reference_ids[text] == [hf.cls_token_id, hf.sep_token_id]
         assert rows(tokenizer.encode_requests([TextRequest([text])])[0]) == [reference_ids[text]]
 
 

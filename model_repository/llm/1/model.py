@@ -5,7 +5,7 @@ from tritonfront.triton import devices
 from tritonfront.core import balancing, llmapi_request, model_sources, server_stop
 from tritonfront.core.delivery import DeliveryTracker
 from tritonfront.core.detokenization import DETOKENIZER_WINDOW
-from tritonfront.engines import create_engine
+from tritonfront.engines import TORCH_ENGINES, create_engine
 from tritonfront.core.fanout import GroupResponder, submit_group
 from tritonfront.core.generation_loop import GenerationLoop
 from tritonfront.core.generation_request import SequenceRequest, parse_batch
@@ -18,7 +18,10 @@ class TritonPythonModel:
     def initialize(self, args):
         self.config = config = glue.load_config(args, "llm")
         glue.exit_with_server()
-        device = devices.configure_torch(args, config.num_threads)
+        if config.engine in TORCH_ENGINES:
+            device = devices.configure_torch(args, config.num_threads)
+        else:
+            device = devices.instance_device(args)
         rank, ranks = devices.instance_rank(args)
         self.engine = create_engine(config.engine, model_sources.model_dir(config.model_source), device,
                                     config.engine_config(ranks))

@@ -61,6 +61,7 @@ from .inputs import Inputs, required
 from .chunk_packing import PackedChunk, unpack
 from .llmapi_contract import NONE_TEXT, STOP_REASON_IDS, UNMEASURED_OUTPUTS
 from .trtllm_contract import REQUESTED_PASSED, TOKEN_TEXTS_FLAG, TOP_LOG_PROB_OUTPUTS
+from .tokenizer_files import loads_without_transformers, tokenizer_config
 
 DETOKENIZER_WINDOW = 8
 
@@ -246,12 +247,6 @@ def _common_prefix_length(a: str, b: str) -> int:
     return len(os.path.commonprefix([a, b]))
 
 
-# tokenizer_config.json settings with which transformers changes the Rust tokenizer it loads
-# (special flags of added tokens, a rebuilt pre-tokenizer or decoder): StreamDetokenizer.from_folder
-# then loads through transformers.
-REBUILDING_SETTINGS = frozenset({"added_tokens_decoder", "add_prefix_space", "legacy"})
-
-
 @dataclass
 class _Plan:
     prefix: list[int]
@@ -287,18 +282,13 @@ class StreamDetokenizer:
     @classmethod
     def from_folder(cls, model_dir: Path, **kwargs) -> "StreamDetokenizer":
         """Decoding needs only the Rust tokenizer of tokenizer.json and one setting of
-        tokenizer_config.json (transformers' default where it is absent): loaded through
-        transformers' AutoTokenizer, which imports torch, a detokenizer stub spent 3.4 CPU seconds
-        more at every start. A folder without tokenizer.json, or whose tokenizer_config.json has
-        settings transformers applies to the Rust tokenizer (REBUILDING_SETTINGS), goes through
-        transformers."""
-        tokenizer_file = Path(model_dir) / "tokenizer.json"
-        config_file = Path(model_dir) / "tokenizer_config.json"
-        config = json.loads(config_file.read_text()) if config_file.exists() else {}
-        if tokenizer_file.exists() and not REBUILDING_SETTINGS & config.keys():
+        tokenizer_config.json (transformers' default where it is absent), loaded without
+        transformers where that is what transformers would load (tokenizer_files)."""
+        if loads_without_transformers(model_dir):
             from tokenizers import Tokenizer
 
-            return cls(Tokenizer.from_file(str(tokenizer_file)),
+            config = tokenizer_config(model_dir)
+            return cls(Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")),
                        clean_up_tokenization_spaces=bool(config.get("clean_up_tokenization_spaces", False)), **kwargs)
         from transformers import AutoTokenizer
 

@@ -67,6 +67,22 @@ def pool(batch: RaggedBatch, mode: str, rows: Optional[torch.Tensor] = None) -> 
     raise ValueError(f"pooling mode {mode!r} is not one of {POOLING_MODES}")
 
 
+# sentence-transformers' older Pooling configs: a flag per mode, the modes taken in this order.
+LEGACY_POOLING_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+                        "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                        "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+
+
+def pooling_modes(folder: Path) -> tuple[str, ...]:
+    """The modes of a sentence-transformers Pooling module's config.json, as its Pooling.load
+    reads them: `pooling_mode` (one or a list), else the legacy flags set, else mean."""
+    config = json.loads((folder / "config.json").read_text())
+    mode = config.get("pooling_mode")
+    if mode is None:
+        return tuple(name for flag, name in LEGACY_POOLING_FLAGS.items() if config.get(flag)) or ("mean",)
+    return (mode,) if isinstance(mode, str) else tuple(mode)
+
+
 def normalize(rows: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(rows, p=2, dim=-1)
 
@@ -89,17 +105,18 @@ class PoolingHead:
         modules_file = model_dir / "modules.json"
         if not modules_file.exists():
             return cls(hidden_size=hidden_size)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from sentence_transformers.sentence_transformer.modules import Dense, Pooling
         head = cls(modes=(), hidden_size=hidden_size)
         for module in json.loads(modules_file.read_text())[1:]:
             kind, path = module["type"].rsplit(".", 1)[-1], str(model_dir / module.get("path", ""))
             if kind == "Pooling":
-                mode = Pooling.load(path).pooling_mode
-                head.modes = (mode,) if isinstance(mode, str) else tuple(mode)
+                head.modes = pooling_modes(Path(path))
             elif kind == "Dense":
                 _check_sentence_level(path, kind)
+                # Only a Dense layer needs sentence-transformers (its weights and activation): the
+                # import costs a pooler stub 4 CPU s a start, and most heads have none.
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    from sentence_transformers.sentence_transformer.modules import Dense
                 layer = Dense.load(path)
                 if getattr(layer, "use_residual", False):
                     raise ValueError(f"{path}: residual Dense layers are not supported")

@@ -16,6 +16,7 @@ from ..errors import InvalidInput
 from .inputs import Inputs, decode_texts, row_scalar, scalar, strings
 from .padding import pad
 from .llmapi_contract import LLMAPI_FLAG, client_error
+from .tokenizer_files import FolderTokenizer, loads_without_transformers
 from .trtllm_contract import MAX_WORDS
 
 DEFAULT_MAX_TEXT_BYTES = 64 * 1024
@@ -64,7 +65,7 @@ def max_sequence_length(model_dir: Path, tokenizer) -> int:
 
 class BatchTokenizer:
     def __init__(self, tokenizer, max_length: int, max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES):
-        self.tokenizer = tokenizer  # a transformers fast tokenizer
+        self.tokenizer = tokenizer  # a transformers fast tokenizer or a FolderTokenizer
         self.max_length = max_length
         self.max_text_bytes = max_text_bytes
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -79,11 +80,16 @@ class BatchTokenizer:
 
     @classmethod
     def from_folder(cls, model_dir: Path, **kwargs) -> "BatchTokenizer":
-        from transformers import AutoTokenizer
+        """The folder's tokenizer from its files alone where that is what transformers would load
+        (tokenizer_files), else through transformers."""
+        if loads_without_transformers(model_dir):
+            tokenizer = FolderTokenizer(model_dir)
+        else:
+            from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        if not getattr(tokenizer, "is_fast", False):
-            raise ValueError(f"{model_dir}: a fast tokenizer (tokenizer.json) is required")
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            if not getattr(tokenizer, "is_fast", False):
+                raise ValueError(f"{model_dir}: a fast tokenizer (tokenizer.json) is required")
         return cls(tokenizer, max_sequence_length(model_dir, tokenizer), **kwargs)
 
     def check_text_sizes(self, texts: Sequence[str], field: str = "text_input") -> None:
@@ -248,7 +254,7 @@ def render_chat(tokenizer, messages: Sequence[dict], tools: Optional[list] = Non
     """The llm_tokenizer's apply_chat_template: `messages` ({"role", "content"[, "name"]}) and, for
     a template that takes them, `tools` through the tokenizer's template with the assistant's turn
     opened, as text whose encoding without added special tokens is apply_chat_template(tokenize=True)'s
-    ids. (The OpenAI front renders the same template without transformers: openai/chat_template.py.)"""
+    ids."""
     turns = [{**message, "role": CHAT_ROLES.get(message["role"], message["role"])} for message in messages]
     return tokenizer.apply_chat_template(turns, tools=tools, tokenize=False, add_generation_prompt=True)
 

@@ -11,6 +11,8 @@ from typing import Callable
 from .base import ATTENTIONS, DTYPES, Engine, EngineConfig, EngineOutput, SamplingParams
 
 ENGINES = ("hf", "tensorrt_llm", "llama_cpp", "synthetic")
+# The engines that compute with torch; importing torch costs the others' stubs 2.5 CPU s a start.
+TORCH_ENGINES = ("hf", "tensorrt_llm")
 
 
 def create_engine(name: str, model_dir: Path, device: str, config: EngineConfig) -> Engine:

@@ -10,7 +10,6 @@ follows its `decode`, tidying spaces before punctuation only where tokenizer_con
 it and the model is not BPE. tests/unit/test_openai_local_tokenizer.py compares both with
 transformers for the bundled models.
 """
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Sequence
@@ -18,6 +17,7 @@ from typing import Sequence
 from tokenizers import Encoding, Tokenizer
 
 from ..core.tokenization import max_sequence_length
+from ..core.tokenizer_files import tokenizer_config
 from ..errors import ConfigError
 
 # transformers' clean_up_tokenization: a space dropped before these.
@@ -46,8 +46,7 @@ class LocalTokenizer:
         folder = Path(folder)
         if not (folder / "tokenizer.json").exists():
             raise ConfigError(f"{folder}: the OpenAI front needs the model's fast tokenizer (tokenizer.json)")
-        config_file = folder / "tokenizer_config.json"
-        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.exists() else {}
+        config = tokenizer_config(folder)
         limits = SimpleNamespace(model_max_length=config.get("model_max_length"))
         return cls(Tokenizer.from_file(str(folder / "tokenizer.json")), config, max_sequence_length(folder, limits))
 

@@ -21,7 +21,7 @@ from jinja2 import TemplateError
 
 from ..core.tokenization import CHAT_ROLES
 from .api_errors import invalid
-from .chat_template import ChatTemplate
+from ..core.chat_template import ChatTemplate
 from .local_tokenizer import LocalTokenizer
 from .tools import template_takes_tools
 

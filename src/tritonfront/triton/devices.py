@@ -13,6 +13,11 @@ def configure_torch(args: dict, num_threads: int = 0) -> str:
     import torch
 
     torch.set_num_threads(num_threads or os.cpu_count() or 1)
+    return instance_device(args)
+
+
+def instance_device(args: dict) -> str:
+    """The torch-style device name of this instance ("cpu", "cuda:<id>"), without importing torch."""
     if args.get("model_instance_kind") == "GPU":
         return f"cuda:{args['model_instance_device_id']}"
     return "cpu"

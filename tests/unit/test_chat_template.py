@@ -1,9 +1,10 @@
-"""The front renders chat templates without transformers (tritonfront.openai.chat_template): the text
-equals transformers' apply_chat_template(tokenize=False) on conversations with system prompts,
-several turns, tools, tool calls and tool results, for the bundled LLM's template and for a
-tool-using template that exercises what transformers gives templates (tojson and its options,
-namespace, loop controls, the generation tag, raise_exception, strftime_now, special tokens), with
-named templates chosen as transformers chooses them and read from a folder as transformers saves it."""
+"""Chat templates rendered without transformers (tritonfront.core.chat_template, used by the llm_tokenizer
+and the OpenAI front): the text equals transformers' apply_chat_template(tokenize=False) on
+conversations with system prompts, several turns, tools, tool calls and tool results, for the bundled
+LLM's template and for a tool-using template that exercises what transformers gives templates (tojson
+and its options, namespace, loop controls, the generation tag, raise_exception, strftime_now, special
+tokens), with named templates chosen as transformers chooses them and read from a folder as transformers
+saves it."""
 import json
 
 import jinja2
@@ -12,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from tritonfront.core import model_sources
-from tritonfront.openai.chat_template import ChatTemplate, special_tokens
+from tritonfront.core.chat_template import ChatTemplate, special_tokens
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city, now",
