@@ -380,20 +380,33 @@ def test_requests_added_together_start_together_while_running_ones_go_on(engine,
     wait_until_empty(engine, timeout=3)
 
 
-@pytest.mark.timeout(1800)  # its prefill takes minutes on 2 busy cores
-def test_a_6000_token_prompt_is_served_in_the_pool(gguf, reference):
-    big = make_engine(gguf, kv_cache_tokens=0, max_num_seqs=2)  # the pool: the model's context, 8192
+def test_the_pool_takes_a_prompt_of_most_of_the_context_beside_a_slot_request(gguf, reference):
+    """The pool is the model's whole context (8192) with kv_cache_tokens 0: a 6000-token prompt is
+    admitted and starts its prefill in chunks while a short request runs whole in a slot beside
+    it; cancelled mid-prefill, its cells are freed; max_tokens past the context is refused naming
+    it. (tests/integration/test_llama_cpp.py serves a 6000-token prompt whole through the server:
+    its prefill alone took 40-80 s here, and one run of it is enough.)"""
+    big = make_engine(gguf, kv_cache_tokens=0, max_num_seqs=2)
     try:
         assert big.context_length == 8192
         prompt = tokens(reference, " ".join(f"line {i}: the quick brown fox." for i in range(800)))[:6000]
         assert len(prompt) == 6000
-        # The prefill takes minutes on 2 busy cores.
-        out = run(big, {"big": (prompt, SamplingParams(max_tokens=8, min_tokens=8, return_log_probs=True)),
-                        "small": (tokens(reference, PROMPTS[3]), SamplingParams(max_tokens=8))}, timeout=1500)
-        assert len(out["big"].token_ids) == 8 and all(math.isfinite(lp) and lp <= 0 for lp in out["big"].log_probs)
-        assert len(out["small"].token_ids) == 8
         with pytest.raises(InvalidInput, match=r"max_tokens: 2200 is outside 1\.\.2192 \(context of 8192 tokens"):
             big.add("over", prompt, SamplingParams(max_tokens=2200))
+        big.add("big", prompt, SamplingParams(max_tokens=8, min_tokens=8))
+        # One token a step beside a 512-token chunk of the prefill: 2 tokens end it well before the
+        # prefill does.
+        big.add("small", tokens(reference, PROMPTS[3]), SamplingParams(max_tokens=2))
+        small, big_outputs, deadline = [], [], time.monotonic() + 180
+        while not small or not small[-1].finished:
+            assert time.monotonic() < deadline, "the slot request did not finish beside the prefill"
+            for output in big.outputs(0.05):
+                assert output.error is None, output.error
+                (small if output.request_id == "small" else big_outputs).append(output)
+        assert sum(len(output.token_ids) for output in small) == 2
+        assert not big_outputs  # still in its prefill
+        assert big.kv_cache_blocks() > 0  # the big prompt holds cells
+        big.cancel("big")
         wait_until_empty(big)
     finally:
         big.shutdown()
