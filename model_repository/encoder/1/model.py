@@ -26,6 +26,9 @@ class TritonPythonModel:
 
         self.metrics = BatchMetrics(glue.Metrics({"model": args["model_name"]}))
 
+    def finalize(self):
+        glue.release(self)
+
     def execute(self, requests):
         if self.cores is None:
             return glue.execute_batch(requests, self.encoder.parse, self.compute)

@@ -94,3 +94,4 @@ class TritonPythonModel:
         self.gauges.stop()
         self.loop.stop()
         self.table.close()
+        glue.release(self)

@@ -9,6 +9,7 @@ else an INTERNAL error with the exception's type and message (the traceback goes
 log, never to the client).
 """
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -241,6 +242,15 @@ class StreamResponder:
     @staticmethod
     def is_cancelled(handle: tuple, ask_client: bool = True) -> bool:
         return ask_client and handle[0].is_cancelled()
+
+
+def release(model) -> None:
+    """Drops everything a model object holds, and collects it, at the end of its finalize: a
+    MetricFamily still alive when the stub exits is destroyed after the stub's IPC is gone, and the
+    stub segfaults (python_backend#429, fixed after Triton 2.51); destroyed here, its deletion
+    reaches tritonserver."""
+    model.__dict__.clear()
+    gc.collect()
 
 
 class Metrics:
