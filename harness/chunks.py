@@ -84,3 +84,16 @@ def detokenizer_request(output_ids: Sequence[int], context_ids: Sequence[int] = 
     return {"chunk": pack(final, finish_reason, prompt_tokens, completion_tokens, batch_index, sequence_index,
                           several_sequences, check_cancelled, delivery, context_ids, echo_ids, output_ids,
                           finish_reason_output), **more}
+
+
+def acknowledge(acknowledger, deliveries: np.ndarray) -> None:
+    """Acknowledges decoded chunks as the detokenizer stub does once their responses were sent
+    (tritonfront.core.delivery.Acknowledger)."""
+    acknowledger.acknowledge_later(deliveries)
+    acknowledger.flush()
+
+
+def refuse(acknowledger, deliveries: np.ndarray) -> None:
+    """Refuses chunks of cancelled requests, as the detokenizer stub does."""
+    acknowledger.refuse_later(deliveries)
+    acknowledger.flush()

@@ -24,7 +24,7 @@ from transformers import AutoTokenizer
 
 from harness import report
 from harness.analyzer import run_perf_analyzer, write_input
-from harness.chunks import one_token_streams
+from harness.chunks import detokenizer_request, one_token_streams
 from harness.deploy import write_variant
 from harness.paths import RAW
 from harness.server import benchmark_server
@@ -38,14 +38,10 @@ def input_data(tokenizer, chunks: int) -> list[dict]:
     data = []
     for stream in one_token_streams(tokenizer, chunks // 32, 40, seed=1):
         for k, chunk in enumerate(stream[DETOKENIZER_WINDOW:DETOKENIZER_WINDOW + 32]):
-            data.append({
-                "output_ids": {"content": list(chunk.output_ids), "shape": [len(chunk.output_ids)]},
-                "context_ids": {"content": list(chunk.context_ids), "shape": [len(chunk.context_ids)]},
-                "is_final": [chunk.is_final],
-                "finish_reason": {"content": ["length" if chunk.is_final else ""], "shape": [1]},
-                "prompt_tokens": [16],
-                "completion_tokens": [DETOKENIZER_WINDOW + k + 1],
-            })
+            chunk_tensor = detokenizer_request(chunk.output_ids, chunk.context_ids, final=chunk.is_final,
+                                               prompt_tokens=16,
+                                               completion_tokens=DETOKENIZER_WINDOW + k + 1)["chunk"]
+            data.append({"chunk": {"content": chunk_tensor.reshape(-1).tolist(), "shape": [chunk_tensor.shape[1]]}})
     return data
 
 

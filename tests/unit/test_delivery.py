@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from harness.chunks import acknowledge, refuse
 from tritonfront.core.delivery import NO_SLOT, SLOTS, Acknowledger, DeliveryTracker, ack_table_path, model_key
 from tritonfront.core.shared_tables import open_rows
 
@@ -33,7 +34,7 @@ def test_acknowledged_streams_are_never_abandoned(tracker):
     for _ in range(20):
         stamps = np.array([tracker.stamp("a"), tracker.stamp("b")])
         clock.now += 1.0
-        detokenizer.acknowledge(stamps)
+        acknowledge(detokenizer, stamps)
         assert tracker.abandoned() == []
     clock.now += 60  # idle with nothing unacknowledged
     assert tracker.abandoned() == []
@@ -43,9 +44,9 @@ def test_a_refused_chunk_ends_its_stream_at_once(tracker):
     tracker, detokenizer, clock = tracker
     for rid in ("gone", "live"):
         tracker.track(rid)
-    detokenizer.acknowledge(np.array([tracker.stamp("gone"), tracker.stamp("live")]))
+    acknowledge(detokenizer, np.array([tracker.stamp("gone"), tracker.stamp("live")]))
     lost = tracker.stamp("gone")  # sent, then the client cancelled: Triton says so to the detokenizer
-    detokenizer.refuse(np.array([lost]))
+    refuse(detokenizer, np.array([lost]))
     assert tracker.abandoned() == ["gone"]
     assert lost[2] != NO_SLOT
 
@@ -59,7 +60,7 @@ def test_a_chunk_one_instance_still_decodes_is_not_abandoned_while_another_goes_
     tracker.stamp("slow")
     for _ in range(4):
         clock.now += 1.0
-        detokenizer.acknowledge(np.array([tracker.stamp("live")]))
+        acknowledge(detokenizer, np.array([tracker.stamp("live")]))
         assert tracker.abandoned() == []
 
 
@@ -67,8 +68,8 @@ def test_a_refusal_never_overwrites_a_later_answer(tracker):
     tracker, detokenizer, clock = tracker
     tracker.track("s")
     first, second = tracker.stamp("s"), tracker.stamp("s")
-    detokenizer.acknowledge(np.array([second]))
-    detokenizer.refuse(np.array([first]))  # a slower instance on the earlier chunk, which Triton cancelled
+    acknowledge(detokenizer, np.array([second]))
+    refuse(detokenizer, np.array([first]))  # a slower instance on the earlier chunk, which Triton cancelled
     assert tracker.abandoned() == []
 
 
@@ -95,7 +96,7 @@ def test_untracked_and_released_streams_are_never_reported(tracker):
 def test_a_reused_slot_does_not_inherit_old_acknowledgements(tracker):
     tracker, detokenizer, clock = tracker
     tracker.track("first")
-    detokenizer.acknowledge(np.array([tracker.stamp("first") for _ in range(3)]))
+    acknowledge(detokenizer, np.array([tracker.stamp("first") for _ in range(3)]))
     tracker.release("first")
     tracker.track("second")  # gets the slot "first" had
     assert tracker.stamp("second")[2] == tracker._slots["second"]
@@ -107,8 +108,8 @@ def test_acknowledgements_keep_the_highest_serial(tracker):
     tracker, detokenizer, clock = tracker
     tracker.track("s")
     first, second = tracker.stamp("s"), tracker.stamp("s")
-    detokenizer.acknowledge(np.array([second]))
-    detokenizer.acknowledge(np.array([first]))  # a slower instance finishing the earlier chunk
+    acknowledge(detokenizer, np.array([second]))
+    acknowledge(detokenizer, np.array([first]))  # a slower instance finishing the earlier chunk
     clock.now += 10
     assert tracker.abandoned() == []
 
@@ -121,12 +122,12 @@ def test_slots_run_out_gracefully(tmp_path):
 
 
 def test_acknowledger_ignores_tables_it_cannot_find(tmp_path):
-    Acknowledger(os.getpid(), tmp_path).acknowledge(np.array([[model_key("missing"), 0, 3, 7]]))
+    acknowledge(Acknowledger(os.getpid(), tmp_path), np.array([[model_key("missing"), 0, 3, 7]]))
     assert not list(tmp_path.iterdir())
 
 
 def acknowledge_in_another_process(directory, stamps):
-    Acknowledger(os.getppid(), directory).acknowledge(np.array(stamps))
+    acknowledge(Acknowledger(os.getppid(), directory), np.array(stamps))
 
 
 def test_acknowledgements_cross_processes(tmp_path):

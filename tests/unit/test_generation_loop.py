@@ -4,6 +4,7 @@ import threading
 import numpy as np
 import pytest
 
+from harness.chunks import acknowledge
 from tritonfront.core.delivery import SLOTS, Acknowledger, DeliveryTracker, ack_table_path
 from tritonfront.engines import Engine, EngineOutput, SamplingParams
 from tritonfront.core.generation_loop import FINISH_CANCELLED, FINISH_LENGTH, FINISH_STOP, GenerationLoop, TurnHooks
@@ -219,7 +220,7 @@ def test_cancellation_asks_share_their_rate_among_the_live_requests(tmp_path):
         for request_id in (*direct, behind):
             engine.emit(request_id, [100])
         loop.step()
-        acknowledger.acknowledge(np.array([c.delivery for c in client.chunks["s"]]))
+        acknowledge(acknowledger, np.array([c.delivery for c in client.chunks["s"]]))
     assert sorted(asked) == ["a", "b", "s"]  # "s" once, on the loop's first turn (behind the ensemble)
     assert [c.check_cancelled for c in client.chunks["s"]] == [True, False, False]
     now[0] += 0.5
@@ -276,7 +277,7 @@ def test_a_stream_whose_chunks_are_not_acknowledged_is_freed(tmp_path):
         engine.emit(direct, [100])
         loop.step()
         if step == 0:  # the detokenizer took the first chunk; the second stays unacknowledged
-            Acknowledger(1, tmp_path).acknowledge(np.array([c.delivery for c in client.chunks["gone"][:1]]))
+            acknowledge(Acknowledger(1, tmp_path), np.array([c.delivery for c in client.chunks["gone"][:1]]))
     assert len(client.chunks["gone"]) == 2  # the third token waits behind the second chunk
     now[0] += 5.1
     loop.step()
@@ -311,7 +312,7 @@ def test_tokens_wait_behind_an_unacknowledged_chunk_and_leave_together(tmp_path)
     loop.submit("s", SequenceRequest([10, 11], SamplingParams(max_tokens=50), stream=True,
                                      delivery_acknowledged=True))
     (request_id,) = engine.added
-    acknowledge_all = lambda: detokenizer.acknowledge(np.array([c.delivery for c in client.chunks["s"]]))
+    acknowledge_all = lambda: acknowledge(detokenizer, np.array([c.delivery for c in client.chunks["s"]]))
 
     engine.emit(request_id, [100])
     loop.step()
@@ -362,7 +363,7 @@ def test_the_loop_waits_for_the_engine_as_long_as_its_own_work_allows(tmp_path):
     loop.step()  # held behind [100]
     engine.emit(request_id, [102], finished=True)
     loop.step()  # the end waits behind [100] too
-    Acknowledger(1, tmp_path).acknowledge(np.array([c.delivery for c in client.chunks["s"]]))
+    acknowledge(Acknowledger(1, tmp_path), np.array([c.delivery for c in client.chunks["s"]]))
     loop.step()  # [101, 102] out: the request ended
     loop.step()
     assert waits == [0.5, 0.2, 0.2, 0.02, 0.02, 0.5]
@@ -418,7 +419,7 @@ def test_a_stream_stopped_while_the_detokenizer_holds_a_chunk_ends_after_that_ch
     engine.emit(request_id, [101])  # the engine's late output for a stopped request is ignored
     loop.step()
     assert len(client.chunks["s"]) == 1
-    Acknowledger(1, tmp_path).acknowledge(np.array([c.delivery for c in client.chunks["s"]]))
+    acknowledge(Acknowledger(1, tmp_path), np.array([c.delivery for c in client.chunks["s"]]))
     loop.step()
     assert [(c.output_ids, c.finish_reason, c.final) for c in client.chunks["s"]] == [
         ([100], "", False), ([], FINISH_CANCELLED, True)]

@@ -136,7 +136,8 @@ class Acknowledger:
         self._later: list[tuple[np.ndarray, bool]] = []
 
     def acknowledge_later(self, deliveries: np.ndarray) -> None:
-        """`acknowledge` once `flush` is called: after the chunk's response has left the stub. An
+        """deliveries: [chunks, 4] (model key, rank, slot, serial) as the llm stamped them: decoded,
+        written once `flush` is called: after the chunk's response has left the stub. An
         acknowledgement lets the llm send the stream's next chunk, which another instance may
         decode and answer first; written before this instance's response had reached Triton, it
         let streams arrive out of order (test_generate with 4 instances, every run once the stubs
@@ -144,6 +145,7 @@ class Acknowledger:
         self._later.append((deliveries, False))
 
     def refuse_later(self, deliveries: np.ndarray) -> None:
+        """The same for chunks whose request Triton says was cancelled: their streams end."""
         self._later.append((deliveries, True))
 
     def flush(self) -> None:
@@ -156,14 +158,6 @@ class Acknowledger:
                 self._record(deliveries, refused)
             except (OSError, ValueError) as error:
                 logger.warning("acknowledgements not written: %s", error)
-
-    def acknowledge(self, deliveries: np.ndarray) -> None:
-        """deliveries: [chunks, 4] (model key, rank, slot, serial) as the llm stamped them: decoded."""
-        self._record(deliveries, refused=False)
-
-    def refuse(self, deliveries: np.ndarray) -> None:
-        """The same for chunks whose request Triton says was cancelled: their streams end."""
-        self._record(deliveries, refused=True)
 
     def _record(self, deliveries: np.ndarray, refused: bool) -> None:
         for key, rank, slot, serial in deliveries.reshape(-1, 4).tolist():
