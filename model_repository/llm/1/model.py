@@ -94,4 +94,4 @@ class TritonPythonModel:
         self.gauges.stop()
         self.loop.stop()
         self.table.close()
-        glue.release(self)
+        glue.outlive_the_stub(self)

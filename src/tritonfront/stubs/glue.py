@@ -9,7 +9,7 @@ else an INTERNAL error with the exception's type and message (the traceback goes
 log, never to the client).
 """
 import contextlib
-import gc
+import ctypes
 import json
 import logging
 import os
@@ -244,13 +244,16 @@ class StreamResponder:
         return ask_client and handle[0].is_cancelled()
 
 
-def release(model) -> None:
-    """Drops everything a model object holds, and collects it, at the end of its finalize: a
-    MetricFamily still alive when the stub exits is destroyed after the stub's IPC is gone, and the
-    stub segfaults (python_backend#429, fixed after Triton 2.51); destroyed here, its deletion
-    reaches tritonserver."""
-    model.__dict__.clear()
-    gc.collect()
+def outlive_the_stub(model) -> None:
+    """Called last in a model's finalize: keeps the model object, and so its metric families,
+    from ever being destroyed. A MetricFamily destroyed at interpreter exit, after the stub's IPC
+    is gone, segfaults the stub (python_backend#429, fixed after Triton 2.51; the hf llm stub at
+    most stops). Destroying the families in finalize instead is worse: when the watchdog reloads
+    a model, the old version's finalize deleted the family the new version shares by name, and
+    tritonserver crashed (test_recovery.py, 2 runs of 2: a segfault, a heap corruption). Never
+    destroyed, their deletion is never sent, as it never reached tritonserver before.
+    """
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(model))
 
 
 class Metrics:
