@@ -121,8 +121,16 @@ def test_a_killed_llm_stub_ends_its_clients_requests_within_the_deadline(server)
 
     async def scenario():
         stream_end, whole_end = {}, {}
-        tasks = [asyncio.ensure_future(streamed(stream_end)), asyncio.ensure_future(whole(whole_end))]
+        # The whole request is sent once the stream runs: sent together, the second of the two
+        # found this deployment's llm queue (1) full now and then (2 clean-clone runs of 2,
+        # 2026-12-06), as two clients did in the test before.
+        tasks = [asyncio.ensure_future(streamed(stream_end))]
         deadline = time.monotonic() + 300
+        while stream_end.get("chunks", 0) < 1:
+            ended = [t.exception() or t.result() for t in tasks if t.done()]
+            assert time.monotonic() < deadline and not ended, (stream_end, ended)
+            await asyncio.sleep(0.05)
+        tasks.append(asyncio.ensure_future(whole(whole_end)))
         while stream_end.get("chunks", 0) < 3:
             ended = [t.exception() or t.result() for t in tasks if t.done()]
             assert time.monotonic() < deadline and not ended, (stream_end, whole_end, ended)
