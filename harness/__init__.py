@@ -22,4 +22,5 @@ never tests/ or perf/; tests and benchmarks import it and never each other.
     analyzer       perf_analyzer runs and what its outputs say
     ceiling        in-process ceiling vs through-Triton rounds
     report         result files: markdown tables, the machine, the command, plots
+    fresh_python   code run in a new interpreter (what an import brings in)
 """

@@ -2,14 +2,13 @@
 sentence-transformers' own modules on the padded batch."""
 import json
 import math
-import subprocess
-import sys
 import warnings
 
 import numpy as np
 import pytest
 import torch
 
+from harness.fresh_python import last_line
 from tritonfront.core import model_sources, padding
 from tritonfront.core.encoding import RaggedEncoder
 from tritonfront.errors import InvalidInput
@@ -272,6 +271,4 @@ def test_a_head_without_dense_layers_loads_without_sentence_transformers():
             "from tritonfront.core.pooling import PoolingHead\n"
             "head = PoolingHead.for_model(model_sources.model_dir('embed'))\n"
             "print(head.modes, head.normalized, 'sentence_transformers' in sys.modules, 'transformers' in sys.modules)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "('mean',) True False False"
+    assert last_line(code, timeout=120) == "('mean',) True False False"
