@@ -38,6 +38,9 @@ NO_GPU_NOTICES = ("CudaDriverHelper", "CUDA driver version is insufficient", "NV
 EXPLICIT_ALL = ("--model-control-mode=explicit", "--load-model=*")
 
 
+# A stop with nothing in flight takes a few seconds (test_nothing_in_flight holds one under load to
+# 10 s); past this, something kept a model alive and Triton waited out its exit timeout.
+STOP_LIMIT_S = 15.0
 IN_FLIGHT = re.compile(r"(?:Found|has) (\d+) (?:model versions that have )?in-flight inferences")
 
 
@@ -165,9 +168,21 @@ def triton_server(log_path: Path, repositories: Optional[Iterable[Path]] = None,
             continue
         try:
             yield server
-        finally:
+        except BaseException:
             stop(server.process)
+            raise
+        took = stop(server.process)
+        if took > STOP_LIMIT_S:
+            waits = [line for line in server.log().splitlines() if "live models" in line]
+            raise SlowStop(f"tritonserver took {took:.0f} s to stop after SIGTERM (limit {STOP_LIMIT_S:g} s); "
+                           f"it waited for: {waits[-1] if waits else 'nothing it logged'} (log: {log_path})")
         return
+
+
+class SlowStop(RuntimeError):
+    """A server whose stop outlasted STOP_LIMIT_S: with nothing in flight it stops in a few
+    seconds, so a longer stop is something kept alive (a model that never unloads waits out
+    Triton's 30 s exit timeout)."""
 
 
 class StartupAbort(RuntimeError):
@@ -207,9 +222,11 @@ def benchmark_server(name: str, models: Iterable[str], repositories: Iterable[Pa
     return triton_server(RAW / f"{name}.server.log", repositories, models=list(models), **kwargs)
 
 
-def stop(process: subprocess.Popen) -> None:
+def stop(process: subprocess.Popen) -> float:
+    """SIGTERM to the server's process group, SIGKILL after 30 s; the seconds it took."""
+    started = time.monotonic()
     if process.poll() is not None:
-        return
+        return 0.0
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
     try:
@@ -218,3 +235,4 @@ def stop(process: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+    return time.monotonic() - started

@@ -4,7 +4,7 @@ from typing import Optional
 import pytest
 
 from harness.deploy import deployment_under_test
-from harness.server import triton_server
+from harness.server import SlowStop, triton_server
 
 # Where a test module runs in the session: the tests that need no server first (they fail fastest
 # and start nothing), then the integration modules with tests on the session deployment, then the
@@ -20,6 +20,8 @@ class _SessionDeployment:
 
     def __init__(self):
         self._stack: Optional[contextlib.ExitStack] = None
+        # raised by the fixture's teardown: a stop in pytest_runtest_protocol cannot fail a test
+        self.slow_stop: Optional[SlowStop] = None
 
     @property
     def running(self) -> bool:
@@ -33,7 +35,10 @@ class _SessionDeployment:
     def stop(self) -> None:
         if self._stack is not None:
             stack, self._stack = self._stack, None
-            stack.close()
+            try:
+                stack.close()
+            except SlowStop as error:
+                self.slow_stop = error
 
 
 _SESSION = _SessionDeployment()
@@ -47,6 +52,8 @@ def deployment(tmp_path_factory):
     harness.deploy.deployment_under_test): the one server the Triton and the OpenAI tests share."""
     yield _SESSION.start(tmp_path_factory.mktemp("triton"))
     _SESSION.stop()
+    if _SESSION.slow_stop is not None:
+        raise _SESSION.slow_stop
 
 
 @pytest.hookimpl(hookwrapper=True)

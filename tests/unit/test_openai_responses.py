@@ -231,7 +231,9 @@ def test_a_stream_ends_at_the_final_flag_and_an_error_names_the_param():
     async def read(triton):
         return [r async for r in triton.stream(CONTRACT, [], [], {"max_tokens": "max_tokens"})]
 
-    assert len(run(read(triton))) == 2 and call.cancelled
+    # answered whole, the stream is not cancelled (docs/triton-quirks.md: a cancel after the final
+    # response can keep the ensemble loaded)
+    assert len(run(read(triton))) == 2 and not call.cancelled
     failing = FakeCall([(None, SimpleNamespace(message=lambda: "in ensemble 'generate', max_tokens: 0 is outside 1..8",
                                                status=lambda: None))])
     with pytest.raises(OpenAIError) as caught:
