@@ -24,6 +24,7 @@ from .clients.streams import one_streamed_request
 from .load.outcomes import NO_ANSWER, SERVED, NoAnswer, Outcome, classify
 from .load.threads import CallLoop
 from .references import prompt_ids
+from .triton_metrics import llm_gauges
 
 PIPELINES = {"tokenizer": "embed", "encoder": "embed", "pooler": "embed",
              "llm_tokenizer": "generate", "llm": "generate", "detokenizer": "generate"}
@@ -190,13 +191,14 @@ def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, cli
                     hang_s: float = 60.0, recover_s: float = 180.0, quiet_s: float = 5.0,
                     steady: int = 3) -> KillResult:
     """A steady load through `via` (default: `model`'s ensemble) and SIGKILL of one of `model`'s
-    stubs once `steady` requests succeeded. One more client starts at the kill, so requests go
-    on while the others wait on requests in flight. The load stops once every instance of the
-    model runs in a new stub and requests sent after the kill have answered correctly, without
-    a failure, for `quiet_s` after the watchdog's reload returned, every request sent before
-    those quiet seconds having ended (recovered_quietly), or after recover_s; each request in
-    flight then ends by itself or after hang_s. Recovery is the first correct answer after the last failure: with several instances,
-    the others may answer before (`first_success_s`)."""
+    stubs once `steady` requests succeeded (the llm's: while it generates one). One more client
+    starts at the kill, so requests go on while the others wait on requests in flight. The load
+    stops once every instance of the model runs in a new stub and requests sent after the kill
+    have answered correctly, without a failure, for `quiet_s` after the watchdog's reload
+    returned, every request sent before those quiet seconds having ended (recovered_quietly), or
+    after recover_s; each request in flight then ends by itself or after hang_s. Recovery is the
+    first correct answer after the last failure: with several instances, the others may answer
+    before (`first_success_s`)."""
     once = CALLS[via or PIPELINES[model]]
     call = lambda: once(server.grpc_url, hang_s)  # noqa: E731
     reference = call()
@@ -206,6 +208,11 @@ def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, cli
         deadline = time.monotonic() + recover_s
         while sum(1 for o in load.snapshot() if o.correct) < steady and time.monotonic() < deadline:
             time.sleep(0.05)
+        # A request is inside the llm's stub only while the llm generates it; the rest of its time
+        # is in the tokenizer and detokenizer. With llama_cpp (24 tokens in ~0.2 s) a kill at any
+        # moment found none inside it now and then, and nothing could hang.
+        while model == "llm" and not llm_gauges(server.metrics())["active_sequences"] and time.monotonic() < deadline:
+            time.sleep(0.01)
         before = model_stubs(server.pid, model)
         instance, killed = kill_stub(server.pid, model)
         in_flight = load.in_flight_at(killed)

@@ -5,7 +5,7 @@ on first use from the pins below and reused while they stay the same. A peer is 
 loopback port from the same model folder tritonfront serves and stopped with its process group.
 
 - transformers serve: transformers' own OpenAI-compatible server on the same continuous batching
-  engine as tritonfront's embedded default (STACK.md: the `serving` extra is required).
+  engine as tritonfront's hf engine (STACK.md: the `serving` extra is required).
 - Infinity: a batching embedding server on torch (needs transformers < 5 and torch installed).
 - llama-server: llama.cpp's own OpenAI-compatible server, built from the llama.cpp that the pinned
   llama-cpp-python sdist vendors (the same version as the llama_cpp engine's bindings), serving the

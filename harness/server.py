@@ -39,7 +39,8 @@ EXPLICIT_ALL = ("--model-control-mode=explicit", "--load-model=*")
 
 
 # A stop with nothing in flight takes a few seconds (test_nothing_in_flight holds one under load to
-# 10 s); past this, something kept a model alive and Triton waited out its exit timeout.
+# 10 s), and serve.sh's exit timeout (10 s) bounds what Triton waits for a model it never releases;
+# past this, the drain or a stub's exit held the stop, or a caller's longer exit timeout ran out.
 STOP_LIMIT_S = 15.0
 IN_FLIGHT = re.compile(r"(?:Found|has) (\d+) (?:model versions that have )?in-flight inferences")
 
@@ -181,8 +182,8 @@ def triton_server(log_path: Path, repositories: Optional[Iterable[Path]] = None,
 
 class SlowStop(RuntimeError):
     """A server whose stop outlasted STOP_LIMIT_S: with nothing in flight it stops in a few
-    seconds, so a longer stop is something kept alive (a model that never unloads waits out
-    Triton's 30 s exit timeout)."""
+    seconds and a model that never unloads waits out serve.sh's 10 s exit timeout, so a longer
+    stop is something else kept alive."""
 
 
 class StartupAbort(RuntimeError):

@@ -24,6 +24,8 @@
 #
 #   TRITONFRONT_DRAIN_TIMEOUT              seconds a SIGTERM waits for the requests in flight to end before
 #                                          tritonserver is told to stop (default 30; 0: no wait)
+#   TRITONFRONT_EXIT_TIMEOUT               tritonserver's --exit-timeout-secs (default 10; an
+#                                          --exit-timeout-secs among the extra arguments wins)
 # With companions, this script supervises: it forwards SIGTERM, SIGINT and SIGHUP to every process,
 # stops them all when one exits, and exits with tritonserver's status (or, when a companion exited
 # first, with that companion's, never 0). A SIGTERM (docker stop, Kubernetes) is forwarded once the
@@ -105,6 +107,16 @@ if [[ ! "$DRAIN_TIMEOUT" =~ ^[0-9]+$ ]]; then
   echo "TRITONFRONT_DRAIN_TIMEOUT='$DRAIN_TIMEOUT': it must be a whole number of seconds (0: no wait)" >&2
   exit 1
 fi
+# Triton's own stop comes after the drain, when nothing is in flight, and unloads every model in a
+# few seconds. Its exit timeout (Triton's default 30 s) is then only ever waited out for a model
+# that is never released: a model version left by a dead stub, or an ensemble that a gRPC stream
+# cancelled just after its final response kept loaded (docs/triton-quirks.md). 10 s bounds that.
+EXIT_TIMEOUT="${TRITONFRONT_EXIT_TIMEOUT:-10}"
+if [[ ! "$EXIT_TIMEOUT" =~ ^[0-9]+$ ]]; then
+  echo "TRITONFRONT_EXIT_TIMEOUT='$EXIT_TIMEOUT': it must be a whole number of seconds" >&2
+  exit 1
+fi
+server+=(--exit-timeout-secs="$EXIT_TIMEOUT")
 mode=explicit previous=""
 for arg in "$@"; do
   case "$arg" in

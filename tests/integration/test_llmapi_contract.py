@@ -22,10 +22,12 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from harness.clients.http import post, sse_events
+from harness.triton_metrics import llm_gauges
 from tritonfront.core.llmapi_contract import DECOUPLED_MODEL_NAME, INPUTS, MODEL_NAME, OUTPUTS, UNSUPPORTED
 
 PROMPT = "The capital of France is"
 COUNTING = "1, 2, 3, 4, 5, 6,"  # goes on counting: long answers for max_tokens and stop tests
+STOPPED_MAX_TOKENS = 4000  # 25 s or more on either CPU engine: only a stop ends such a request in 20 s
 MAX_TOKENS = 12
 NUMPY = {"TYPE_STRING": np.object_, "TYPE_BOOL": np.bool_, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32,
          "TYPE_UINT64": np.uint64}
@@ -276,15 +278,25 @@ def test_a_stop_request_ends_a_stream_and_a_whole_answer_of_its_id(server):
 
     started = time.monotonic()
     responses = stream(server, prompt=COUNTING, request_id="story-1", on_response=stop_after_first,
-                       sampling_param_max_tokens=400, return_finish_reason=True)
+                       sampling_param_max_tokens=STOPPED_MAX_TOKENS, return_finish_reason=True)
     assert stopped.is_set() and responses[-1].as_numpy("finish_reason").tolist() == [b"cancelled"]
-    assert time.monotonic() - started < 60  # 400 tokens would take minutes here
-    # The whole answer: stopped while it runs; it answers with what it had.
+    assert time.monotonic() - started < 20
+    # The whole answer: stopped while the llm runs it, so the llm first lets the stopped stream go
+    # (a stop counts for requests that arrived before it, and the sequence seen running was the
+    # stream's now and then); it answers with what it had.
+    deadline = time.monotonic() + 60
+    while llm_gauges(server.metrics())["active_sequences"]:
+        assert time.monotonic() < deadline, "the stopped stream still runs in the llm"
+        time.sleep(0.05)
     result = {}
     whole = threading.Thread(target=lambda: result.setdefault("r", unary(
-        server, prompt=COUNTING, request_id="story-2", sampling_param_max_tokens=400, return_finish_reason=True)))
+        server, prompt=COUNTING, request_id="story-2", sampling_param_max_tokens=STOPPED_MAX_TOKENS,
+        return_finish_reason=True)))
     whole.start()
-    time.sleep(3)
+    deadline = time.monotonic() + 60
+    while not llm_gauges(server.metrics())["active_sequences"]:
+        assert time.monotonic() < deadline and whole.is_alive(), "the whole request never ran in the llm"
+        time.sleep(0.05)
     assert stop_signal(server, "story-2").status() == "StatusCode.CANCELLED"
     whole.join(timeout=60)
     assert outputs(result["r"])["finish_reason"].tolist() == [b"cancelled"]

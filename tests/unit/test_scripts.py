@@ -204,8 +204,18 @@ def test_serve_defaults_to_loopback_and_the_committed_repositories(fake_triton, 
         "--allow-cpu-metrics=true", "--disable-auto-complete-config",
         "--http-restricted-api=model-repository,shared-memory:tritonfront-repository-key=k3y",
         "--grpc-restricted-protocol=model-repository,shared-memory:tritonfront-repository-key=k3y",
+        "--exit-timeout-secs=10",
         "--model-control-mode=explicit", "--load-model=*",
     ]
+
+
+def test_serve_sets_the_exit_timeout_a_caller_can_change(fake_triton, tmp_path):
+    assert "--exit-timeout-secs=4" in serve(fake_triton, tmp_path, TRITONFRONT_EXIT_TIMEOUT="4")
+    # Triton takes the last of a repeated flag: the caller's own comes after serve.sh's.
+    assert serve(fake_triton, tmp_path, "--exit-timeout-secs=30")[-1] == "--exit-timeout-secs=30"
+    refused = subprocess.run(["bash", str(ROOT / "scripts" / "serve.sh")], capture_output=True, text=True, timeout=60,
+                             env=serve_env(fake_triton, tmp_path, TRITONFRONT_EXIT_TIMEOUT="ten"))
+    assert refused.returncode == 1 and "TRITONFRONT_EXIT_TIMEOUT='ten'" in refused.stderr
 
 
 def restricted_keys(args: list[str]) -> set[str]:

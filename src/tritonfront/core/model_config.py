@@ -120,7 +120,8 @@ class LLMConfig(Config):
     DECOUPLED: ClassVar[bool] = True  # the engine thread sends each request's chunks
 
     model_source: str = _model_source("llm")
-    engine: str = _parameter("hf", "hf: transformers continuous batching (embedded default); tensorrt_llm: "
+    engine: str = _parameter("hf", "hf: transformers continuous batching (any checkpoint; the committed "
+                                   "deployment runs llama_cpp); tensorrt_llm: "
                                    "TensorRT-LLM's LLM API on KIND_GPU instances; llama_cpp: llama.cpp on the GGUF "
                                    "as it ships (CPU); synthetic: no model, the tokenizer's ids at a configured step "
                                    "time (capacity planning, benchmarks)", choices=ENGINES)

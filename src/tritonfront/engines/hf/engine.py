@@ -1,4 +1,4 @@
-"""The embedded default engine: transformers' continuous batching (paged KV cache, in-flight
+"""The hf engine: transformers' continuous batching (paged KV cache, in-flight
 batching, chunked prefill) running in a background thread of this model instance.
 
 Sampling is per request inside the shared batch, by the logits processors of engines/hf/sampling.py
