@@ -92,16 +92,22 @@ async def generate_once(client, inputs: list, scheduled: float, model: str = "ge
     async def one_request():
         yield {"model_name": model, "inputs": inputs, "timeout": deadline_us}
 
-    outcome, text = Outcome(scheduled), []
+    outcome, text, finished = Outcome(scheduled), [], None
     try:
+        # Read on to the stream's end after the response that finishes the request: leaving the
+        # loop there dropped the call, and its cancel, arriving as Triton 2.51 sent the final
+        # response, could keep `generate` loaded until the server's exit timeout
+        # (docs/triton-quirks.md).
         async for result, error in client.stream_infer(one_request()):
             if error is not None:
                 return outcome.fail(time.perf_counter(), error)
             text.append(result.as_numpy("text_output").reshape(-1)[0].decode())
-            if result.as_numpy("finish_reason").reshape(-1)[0]:
-                return outcome.end(time.perf_counter(), SERVED, result="".join(text))
+            if finished is None and result.as_numpy("finish_reason").reshape(-1)[0]:
+                finished = time.perf_counter()
     except InferenceServerException as error:
         return outcome.fail(time.perf_counter(), error)
+    if finished is not None:
+        return outcome.end(finished, SERVED, result="".join(text))
     return outcome.fail(time.perf_counter(), "the stream ended without a final response")
 
 
