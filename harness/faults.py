@@ -22,7 +22,7 @@ from tritonfront.watchdog import live_stubs
 from .clients.kserve import generate_inputs, llm_inputs, output, text_inputs
 from .clients.streams import one_streamed_request
 from .load.outcomes import NO_ANSWER, SERVED, NoAnswer, Outcome, classify
-from .load.threads import CallLoop
+from .load.threads import CallLoop, poll
 from .references import prompt_ids
 from .triton_metrics import llm_gauges
 
@@ -211,8 +211,8 @@ def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, cli
         # A request is inside the llm's stub only while the llm generates it; the rest of its time
         # is in the tokenizer and detokenizer. With llama_cpp (24 tokens in ~0.2 s) a kill at any
         # moment found none inside it now and then, and nothing could hang.
-        while model == "llm" and not llm_gauges(server.metrics())["active_sequences"] and time.monotonic() < deadline:
-            time.sleep(0.01)
+        if model == "llm":
+            poll(lambda: llm_gauges(server.metrics())["active_sequences"], deadline - time.monotonic(), every=0.01)
         before = model_stubs(server.pid, model)
         instance, killed = kill_stub(server.pid, model)
         in_flight = load.in_flight_at(killed)

@@ -102,20 +102,20 @@ if [ "$watchdog" != 1 ] && [ "$watchdog" != 0 ]; then
   echo "TRITONFRONT_WATCHDOG='$watchdog': it must be 1 (the stub watchdog runs) or 0" >&2
   exit 1
 fi
+whole_seconds() {  # NAME VALUE [NOTE]: exits naming the variable unless VALUE is a whole number
+  if [[ ! "$2" =~ ^[0-9]+$ ]]; then
+    echo "$1='$2': it must be a whole number of seconds${3:-}" >&2
+    exit 1
+  fi
+}
 DRAIN_TIMEOUT="${TRITONFRONT_DRAIN_TIMEOUT:-30}"
-if [[ ! "$DRAIN_TIMEOUT" =~ ^[0-9]+$ ]]; then
-  echo "TRITONFRONT_DRAIN_TIMEOUT='$DRAIN_TIMEOUT': it must be a whole number of seconds (0: no wait)" >&2
-  exit 1
-fi
+whole_seconds TRITONFRONT_DRAIN_TIMEOUT "$DRAIN_TIMEOUT" " (0: no wait)"
 # Triton's own stop comes after the drain, when nothing is in flight, and unloads every model in a
 # few seconds. Its exit timeout (Triton's default 30 s) is then only ever waited out for a model
 # that is never released: a model version left by a dead stub, or an ensemble that a gRPC stream
 # cancelled just after its final response kept loaded (docs/triton-quirks.md). 10 s bounds that.
 EXIT_TIMEOUT="${TRITONFRONT_EXIT_TIMEOUT:-10}"
-if [[ ! "$EXIT_TIMEOUT" =~ ^[0-9]+$ ]]; then
-  echo "TRITONFRONT_EXIT_TIMEOUT='$EXIT_TIMEOUT': it must be a whole number of seconds" >&2
-  exit 1
-fi
+whole_seconds TRITONFRONT_EXIT_TIMEOUT "$EXIT_TIMEOUT"
 server+=(--exit-timeout-secs="$EXIT_TIMEOUT")
 mode=explicit previous=""
 for arg in "$@"; do

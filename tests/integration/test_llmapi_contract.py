@@ -22,6 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from harness.clients.http import post, sse_events
+from harness.load.threads import poll
 from harness.triton_metrics import llm_gauges
 from tritonfront.core.llmapi_contract import DECOUPLED_MODEL_NAME, INPUTS, MODEL_NAME, OUTPUTS, UNSUPPORTED
 
@@ -284,19 +285,15 @@ def test_a_stop_request_ends_a_stream_and_a_whole_answer_of_its_id(server):
     # The whole answer: stopped while the llm runs it, so the llm first lets the stopped stream go
     # (a stop counts for requests that arrived before it, and the sequence seen running was the
     # stream's now and then); it answers with what it had.
-    deadline = time.monotonic() + 60
-    while llm_gauges(server.metrics())["active_sequences"]:
-        assert time.monotonic() < deadline, "the stopped stream still runs in the llm"
-        time.sleep(0.05)
+    assert poll(lambda: not llm_gauges(server.metrics())["active_sequences"], 60, every=0.05), \
+        "the stopped stream still runs in the llm"
     result = {}
     whole = threading.Thread(target=lambda: result.setdefault("r", unary(
         server, prompt=COUNTING, request_id="story-2", sampling_param_max_tokens=STOPPED_MAX_TOKENS,
         return_finish_reason=True)))
     whole.start()
-    deadline = time.monotonic() + 60
-    while not llm_gauges(server.metrics())["active_sequences"]:
-        assert time.monotonic() < deadline and whole.is_alive(), "the whole request never ran in the llm"
-        time.sleep(0.05)
+    assert poll(lambda: llm_gauges(server.metrics())["active_sequences"], 60, every=0.05), \
+        "the whole request never ran in the llm"
     assert stop_signal(server, "story-2").status() == "StatusCode.CANCELLED"
     whole.join(timeout=60)
     assert outputs(result["r"])["finish_reason"].tolist() == [b"cancelled"]
