@@ -18,6 +18,14 @@ vendors: the same version as the engine's bindings), on the same GGUF, with the 
 short requests do not use) and threads, the same streaming closed loops over /v1/completions; and
 the llama_cpp engine alone in-process (the ceiling).
 
+prefix: the shared-prefix chat workload: every prompt is the model's chat template over one
+~1,000-token system prompt and a user turn of its own (an essay question), the same closed loops;
+tritonfront (llama_cpp) with prompt_cache on, the same deployment with it off, and llama-server
+with its KV cache unified (one pool of the same size, so a slot takes a prompt over context/slots;
+cache_prompt is on by default: a request lands on the slot whose last prompt shares most with it).
+The system prompt stays the same across measurements, as a deployment's does; user turns are new
+in every one. TTFT P50 is the measure (reuse skips the system prompt's prefill).
+
 embed: the `embed` ensemble (tritonclient gRPC, and KServe HTTP) vs Infinity (its torch engine,
 batch size 32, OpenAI-style /embeddings over HTTP), the same MiniLM folder: closed loops of N
 clients sending single texts of ~90 and ~400 tokens, and client batches of 32 texts.
@@ -34,6 +42,7 @@ import json
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import psutil
@@ -58,7 +67,10 @@ TOPICS = ("the history of tea", "why cities grow", "the life of bees", "learning
 TF, TS, CEILING = "tritonfront", "transformers serve", "engine in-process"
 TF_GRPC, TF_HTTP, INFINITY = "tritonfront gRPC", "tritonfront HTTP", "Infinity"
 TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING = "tritonfront (llama_cpp)", "llama-server", "llama_cpp engine in-process"
+TF_LLAMA_NO_REUSE = "tritonfront (llama_cpp), prompt_cache off"
 PEER_VARIANTS = (TS, LLAMA_SERVER)
+PREFIX_VARIANTS = (TF_LLAMA, TF_LLAMA_NO_REUSE, LLAMA_SERVER)
+SYSTEM_PROMPT_TOKENS = 1000
 
 
 # Prompts per measurement, more than any variant sends in one window.
@@ -71,6 +83,27 @@ def essay_prompts(count: int, seed: int = 0, start: int = 0) -> list[str]:
     topics = np.random.default_rng(seed).integers(len(TOPICS), size=start + count)
     styles = ("Write a detailed essay about", "Write a long essay on", "Explain in an essay", "Describe at length")
     return [f"{styles[i % len(styles)]} {TOPICS[int(topics[i])]}, part {i}." for i in range(start, start + count)]
+
+
+def system_prompt(tokens: int = SYSTEM_PROMPT_TOKENS) -> str:
+    """A fixed system prompt of `tokens` tokens of the llm's tokenizer: numbered house rules."""
+    from harness.model_tokenizers import llm_tokenizer
+
+    rules = " ".join(f"Rule {i + 1}: when asked about {TOPICS[i % len(TOPICS)]}, answer in plain words, cite "
+                     f"what you know for certain, and say what you do not know ({i * 7 % 13} at most)."
+                     for i in range(tokens // 10))
+    tokenizer = llm_tokenizer()
+    return "You are the house assistant. " + tokenizer.decode(tokenizer(rules).input_ids[:tokens])
+
+
+def shared_prefix_prompts(system: str, count: int, start: int) -> list[str]:
+    """Chat prompts (the llm's template, rendered) of `system` and user turns start .. start + count - 1."""
+    from harness.model_tokenizers import llm_tokenizer
+
+    tokenizer = llm_tokenizer()
+    return [tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": turn}],
+                                          tokenize=False, add_generation_prompt=True)
+            for turn in essay_prompts(count, start=start)]
 
 
 @dataclass
@@ -295,28 +328,83 @@ def generate_phase(args, rep) -> dict:
         return measure_generate(args, server, peer, engine, (TF, TS, CEILING))
 
 
+def llama_settings(args) -> dict:
+    """llama-server -np SLOTS -c CONTEXT -t THREADS (STACK.md's run) and the same for the llama_cpp
+    engine: its slots of CONTEXT / SLOTS cells, and beside them its pool of CONTEXT cells."""
+    return {"max_num_seqs": args.llama_slots, "kv_slot_tokens": args.llama_context // args.llama_slots,
+            "kv_cache_tokens": args.llama_context, "num_threads": args.llama_threads}
+
+
+def llama_deployment(name: str, settings: dict) -> list:
+    from harness.deploy import GENERATE_MODELS, write_deployment
+
+    return write_deployment(RAW / f"{name}_deployment", "--engine", "llama_cpp",
+                            *(f"--set=llm.{k}={v}" for k, v in settings.items()), keep=GENERATE_MODELS)
+
+
 def llama_phase(args, rep) -> dict:
     from tritonfront.engines import create_engine
     from tritonfront.core.model_config import LLMConfig
-    from harness.deploy import GENERATE_MODELS, write_deployment
 
-    # llama-server -np SLOTS -c CONTEXT -t THREADS (STACK.md's run) and the same for the llama_cpp engine:
-    # its slots of CONTEXT / SLOTS cells, and beside them its pool of CONTEXT cells.
-    settings = {"engine": "llama_cpp", "max_num_seqs": args.llama_slots,
-                "kv_slot_tokens": args.llama_context // args.llama_slots, "kv_cache_tokens": args.llama_context,
-                "num_threads": args.llama_threads}
-    repositories = write_deployment(RAW / "bench_peers_llama_deployment", "--engine", "llama_cpp",
-                                    *(f"--set=llm.{k}={v}" for k, v in settings.items() if k != "engine"),
-                                    keep=GENERATE_MODELS)
+    settings = llama_settings(args)
+    repositories = llama_deployment("bench_peers_llama", settings)
     with ExitStack() as stack:
         server = stack.enter_context(benchmark_server("bench_peers_llama", ["generate"], repositories=repositories))
         peer = stack.enter_context(peers.llama_server(model_sources.llm_gguf_file(), RAW / "bench_peers.llama_server.log",
                                                       parallel=args.llama_slots, context_tokens=args.llama_context,
                                                       threads=args.llama_threads))
-        config = LLMConfig(**{k: v for k, v in settings.items()})
+        config = LLMConfig(engine="llama_cpp", **settings)
         engine = create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu", config.engine_config())
         stack.callback(engine.shutdown)
         return measure_generate(args, server, peer, engine, (TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING))
+
+
+def prefix_phase(args, rep) -> dict:
+    """The shared-prefix workload on tritonfront with reuse on and off and on llama-server."""
+    from harness.triton_metrics import metric_sum
+
+    settings = llama_settings(args)
+    with ExitStack() as stack:
+        servers = {variant: stack.enter_context(benchmark_server(name, ["generate"],
+                                                                 repositories=llama_deployment(name, dict(settings, **extra))))
+                   for variant, name, extra in ((TF_LLAMA, "bench_peers_prefix", {}),
+                                                (TF_LLAMA_NO_REUSE, "bench_peers_prefix_off", {"prompt_cache": "false"}))}
+        peer = stack.enter_context(peers.llama_server(model_sources.llm_gguf_file(), RAW / "bench_peers.llama_server.log",
+                                                      parallel=args.llama_slots, context_tokens=args.llama_context,
+                                                      threads=args.llama_threads, unified=True))
+        meters = {variant: CpuMeter(server.pid, lambda server=server: llm_stub_pid(server))
+                  for variant, server in servers.items()}
+        meters[LLAMA_SERVER] = CpuMeter(peer.pid)
+        pids = [peer.pid, *(server.pid for server in servers.values())]
+        system = system_prompt()
+        measurements = itertools.count(1)
+
+        def fresh_prompts() -> list[str]:
+            return shared_prefix_prompts(system, PROMPTS_PER_MEASUREMENT, PROMPTS_PER_MEASUREMENT * next(measurements))
+
+        for server in servers.values():
+            warm_up(server, peer, fresh_prompts())
+
+        def run(variant: str, streams: int, max_tokens: int) -> Measure:
+            prompts = fresh_prompts()
+            if variant == LLAMA_SERVER:
+                measured = asyncio.run(run_openai_peer(peer, prompts, streams, max_tokens, args.generate_duration,
+                                                       meters[variant]))
+            else:
+                server = servers[variant]
+                before = [metric_sum(server.metrics(), f"tritonfront_llm_prefix_cache_{name}_total", model="llm") or 0
+                          for name in ("queries", "hits")]
+                measured = asyncio.run(run_tritonfront(server, prompts, streams, max_tokens, args.generate_duration,
+                                                       meters[variant]))
+                queries, hits = [(metric_sum(server.metrics(), f"tritonfront_llm_prefix_cache_{name}_total",
+                                             model="llm") or 0) - was for name, was in zip(("queries", "hits"), before)]
+                measured.extra["prompt tokens reused"] = round(hits / queries, 3) if queries else 0.0
+            wait_quiet(pids)
+            return measured
+
+        return {(max_tokens, streams): rounds_of(lambda v: run(v, streams, max_tokens), list(PREFIX_VARIANTS),
+                                                 args.rounds, f"prefix max_tokens {max_tokens} streams {streams}")
+                for max_tokens in args.max_tokens for streams in args.streams}
 
 
 def measure_generate(args, server, peer, engine, variants: tuple[str, str, str]) -> dict:
@@ -419,12 +507,19 @@ def embed_phase(args, rep) -> dict:
 
 # (tritonfront, peer, ceiling), the peer's name in the text, and the targets: tok/s ratio at least, TTFT P99
 # ratio at most.
-GENERATE_PAIRS = {"generate": ((TF, TS, CEILING), "transformers serve", 1.2, 1.0),
-                  "llama": ((TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING), "llama-server", 1.0, 1.1)}
+# (tritonfront, peer, ceiling), the peer's name, the tok/s ratio target at a number of streams (None:
+# no target there), the TTFT P99 ratio target.
+GENERATE_PAIRS = {"generate": ((TF, TS, CEILING), "transformers serve", lambda streams: 1.2 if streams >= 16 else None,
+                               1.0),
+                  # issue #39: >= 1.0x llama-server at 1 and 16 streams, >= 0.95x at 64
+                  "llama": ((TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING), "llama-server",
+                            lambda streams: 0.95 if streams >= 64 else 1.0, 1.1)}
+# The shared-prefix workload's TTFT P50 targets: reuse on / off, and reuse on / llama-server.
+PREFIX_TARGETS = {TF_LLAMA_NO_REUSE: 0.5, LLAMA_SERVER: 1.0}
 
 
 def generate_report(rep, results: dict, pair: str = "generate") -> list[str]:
-    (tf, other, ceiling), other_name, tok_target, ttft_target = GENERATE_PAIRS[pair]
+    (tf, other, ceiling), other_name, tok_target_at, ttft_target = GENERATE_PAIRS[pair]
     rows, summary = [], []
     for (max_tokens, streams), rounds in results.items():
         for variant in (tf, other, ceiling):
@@ -445,7 +540,7 @@ def generate_report(rep, results: dict, pair: str = "generate") -> list[str]:
         front = median(r[tf].front_cpu_per_unit_ms / r[tf].engine_cpu_per_unit_ms for r in rounds)
         in_process = med_ratio(rounds, tf, ceiling, "rate")
         ratio_rows.append([max_tokens, streams, tok, ttft, itl, front, in_process])
-        if streams >= 16:
+        if (tok_target := tok_target_at(streams)) is not None:
             summary.append(f"{pair} {max_tokens} tokens, {streams} streams: tok/s "
                            f"{report.verdict(tok, tok_target)} of {other_name}")
         summary.append(f"{pair} {max_tokens} tokens, {streams} streams: TTFT P99 "
@@ -453,8 +548,33 @@ def generate_report(rep, results: dict, pair: str = "generate") -> list[str]:
                        f"{report.verdict(itl, 1.0, at_most=True)} of {other_name}; front-end CPU {front:.0%} of the "
                        f"engine's (target <= 15%: {'met' if front <= 0.15 else 'MISSED'})")
     rep.add(f"### {pair}: {tf} / {other_name} (median of per-round ratios)\n\n" + report.table(
-        ["max_tokens", "streams", f"tok/s ratio (>= {tok_target:g} at 16, 64)", f"TTFT P99 ratio (<= {ttft_target:g})",
+        ["max_tokens", "streams", "tok/s ratio (" + ", ".join(
+            f">= {target:g} at {streams}" for streams in sorted({s for _, s in results})
+            if (target := tok_target_at(streams)) is not None) + ")", f"TTFT P99 ratio (<= {ttft_target:g})",
          "ITL P50 ratio (<= 1)", "front-end / engine CPU (<= 0.15)", f"tok/s / {ceiling}"], ratio_rows))
+    return summary
+
+
+def prefix_report(rep, results: dict) -> list[str]:
+    rows, ratio_rows, summary = [], [], []
+    for (max_tokens, streams), rounds in results.items():
+        for variant in PREFIX_VARIANTS:
+            reused = [r[variant].extra.get("prompt tokens reused") for r in rounds]
+            rows.append([max_tokens, streams, variant, med(rounds, variant, "rate"), med(rounds, variant, "ttft_p50"),
+                         med(rounds, variant, "ttft_p99"), med(rounds, variant, "itl_p50"),
+                         med(rounds, variant, "cpu_per_unit_ms"),
+                         median(reused) if None not in reused else "", sum(r[variant].failed for r in rounds)])
+        ratios = {other: med_ratio(rounds, TF_LLAMA, other, "ttft_p50") for other in PREFIX_TARGETS}
+        ratio_rows.append([max_tokens, streams, *ratios.values(), med_ratio(rounds, TF_LLAMA, LLAMA_SERVER, "rate")])
+        for other, target in PREFIX_TARGETS.items():
+            summary.append(f"shared prefix, {max_tokens} tokens, {streams} streams: TTFT P50 "
+                           f"{report.verdict(ratios[other], target, at_most=True)} of {other}")
+    rep.add("### prefix: medians over rounds\n\n" + report.table(
+        ["max_tokens", "streams", "server", "output tok/s", "TTFT P50 ms", "TTFT P99 ms", "ITL P50 ms",
+         "CPU ms / token", "prompt tokens reused", "failed"], rows))
+    rep.add(f"### prefix: {TF_LLAMA} over the others (median of per-round ratios)\n\n" + report.table(
+        ["max_tokens", "streams", f"TTFT P50 / reuse off (<= {PREFIX_TARGETS[TF_LLAMA_NO_REUSE]:g})",
+         f"TTFT P50 / llama-server (<= {PREFIX_TARGETS[LLAMA_SERVER]:g})", "tok/s / llama-server"], ratio_rows))
     return summary
 
 
@@ -490,15 +610,17 @@ def embed_report(rep, results: dict) -> list[str]:
     return summary
 
 
-def plot(generate: dict, embed: dict, llama: dict):
+def plot(generate: dict, embed: dict, llama: dict, prefix: Optional[dict] = None):
     """A panel per measure of each comparison that ran: tok/s and TTFT P99 for generate and llama
-    (the targets are both), texts/s for embed."""
+    (the targets are both), TTFT P50 for the shared prefix, texts/s for embed."""
     panels = []
     for title, results, variants in (("generate", generate, (TF, TS, CEILING)),
                                      ("llama", llama, (TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING))):
         if results:
             panels += [(title, results, variants, "rate", "output tokens/s"),
                        (title, results, variants, "ttft_p99", "TTFT P99 ms")]
+    if prefix:
+        panels.append(("shared prefix", prefix, PREFIX_VARIANTS, "ttft_p50", "TTFT P50 ms"))
     if embed:
         panels.append(("embed", embed, None, "rate", "texts/s"))
     fig, axes = report.plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
@@ -526,7 +648,7 @@ def plot(generate: dict, embed: dict, llama: dict):
 
 def main() -> None:
     args, rep = report.start(
-        __doc__, "bench_peers", "tritonfront vs transformers serve (generate), llama-server (llama) and Infinity (embed)",
+        __doc__, "bench_peers", "tritonfront vs transformers serve (generate), llama-server (llama, prefix) and Infinity (embed)",
         rounds=3, streams=[1, 4, 16, 64], max_tokens=[64, 256], generate_duration=(30.0, "seconds per measurement"),
         text_tokens=[90, 400], clients=[1, 16, 64, 256], batch=(32, "texts per request in the batched setting"),
         batch_clients=[1, 4], embed_duration=(15.0, "seconds per measurement"),
@@ -534,26 +656,29 @@ def main() -> None:
         llama_context=(32768, "llama-server -c (split per slot); the llama_cpp engine's slots (kv_slot_tokens = this "
                               "/ slots) and its pool (kv_cache_tokens)"),
         llama_threads=(2, "llama-server -t and the llama_cpp engine's num_threads"),
-        only=(None, "generate, llama or embed: run one phase", {"choices": ["generate", "llama", "embed"]}))
+        only=(None, "generate, llama, prefix or embed: run one phase", {"choices": ["generate", "llama", "prefix",
+                                                                                   "embed"]}))
     if args.only:  # one phase's results go beside the whole run's, not over them
         rep.name = f"bench_peers_{args.only}"
     generate = generate_phase(args, rep) if args.only in (None, "generate") else {}
     llama = llama_phase(args, rep) if args.only in (None, "llama") else {}
+    prefix = prefix_phase(args, rep) if args.only in (None, "prefix") else {}
     embed = embed_phase(args, rep) if args.only in (None, "embed") else {}
     report.write_raw(rep.name, {phase: {str(k): [{v: m.__dict__ for v, m in r.items()} for r in rounds]
                                              for k, rounds in results.items()}
                                      for phase, results in (("generate", generate), ("llama", llama),
-                                                            ("embed", embed))})
+                                                            ("prefix", prefix), ("embed", embed))})
     rep.add(f"{args.rounds} rounds per setting, variants alternating; generate windows {args.generate_duration:g} s, "
             f"embed windows {args.embed_duration:g} s. transformers serve runs with tritonfront's KV cache size "
             "(--cb-num-blocks); llama-server and the llama_cpp engine run with the same slots, KV cache and threads "
             f"({args.llama_slots}, {args.llama_context}, {args.llama_threads}); otherwise the servers and Infinity run "
-            "on their defaults.\n")
+            "on their defaults" + ("; for the shared prefix llama-server's KV cache is unified (--kv-unified), so a "
+                                   "slot takes the ~1,000-token prompts" if prefix else "") + ".\n")
     summary = ((generate_report(rep, generate) if generate else []) + (generate_report(rep, llama, "llama") if llama
                                                                          else [])
-               + (embed_report(rep, embed) if embed else []))
+               + (prefix_report(rep, prefix) if prefix else []) + (embed_report(rep, embed) if embed else []))
     rep.add("## Summary\n\n" + "\n".join(f"- {line}" for line in summary))
-    rep.write(plot(generate, embed, llama))
+    rep.write(plot(generate, embed, llama, prefix))
 
 
 if __name__ == "__main__":

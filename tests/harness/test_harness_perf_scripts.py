@@ -50,3 +50,34 @@ def test_bench_peers_plots_a_panel_per_measure_of_each_comparison_that_ran():
     embed = {(90, 1, clients): [{bench.TF_GRPC: measured(40, 600), bench.TF_HTTP: measured(41, 650),
                                  bench.INFINITY: measured(31, 620)}] for clients in (1, 16)}
     assert [ax.get_title().split(":")[0] for ax in bench.plot({}, embed, llama).axes] == ["llama", "llama", "embed"]
+
+
+def test_bench_peers_shared_prefix_prompts_share_the_system_prompt_and_differ_after_it():
+    from harness.model_tokenizers import llm_tokenizer
+
+    bench = load_module(ROOT / "perf" / "bench_peers.py", "perf_bench_peers")
+    system = bench.system_prompt()
+    prompts = bench.shared_prefix_prompts(system, 3, start=10) + bench.shared_prefix_prompts(system, 1, start=20)
+    ids = [llm_tokenizer()(prompt).input_ids for prompt in prompts]
+    shared = next(i for i, column in enumerate(zip(*ids)) if len(set(column)) > 1)
+    assert bench.SYSTEM_PROMPT_TOKENS <= shared < bench.SYSTEM_PROMPT_TOKENS + 30
+    assert len({tuple(i) for i in ids}) == 4 and all(len(i) - shared < 60 for i in ids)
+
+
+def test_bench_peers_prefix_report_and_panel():
+    bench = load_module(ROOT / "perf" / "bench_peers.py", "perf_bench_peers")
+
+    def measured(ttft_p50: float, reused=None):
+        return bench.Measure(100.0, ttft_p50, ttft_p50 * 2, 20.0, 5.0,
+                             extra={} if reused is None else {"prompt tokens reused": reused})
+
+    prefix = {(32, streams): [{bench.TF_LLAMA: measured(40, 0.9), bench.TF_LLAMA_NO_REUSE: measured(400, 0.0),
+                               bench.LLAMA_SERVER: measured(50)}] * 3 for streams in (1, 16)}
+    rep = SimpleNamespace(parts=[])
+    rep.add = rep.parts.append
+    summary = bench.prefix_report(rep, prefix)
+    assert summary[:2] == ["shared prefix, 32 tokens, 1 streams: TTFT P50 0.10x (target <= 0.5x: met) of "
+                           f"{bench.TF_LLAMA_NO_REUSE}",
+                           "shared prefix, 32 tokens, 1 streams: TTFT P50 0.80x (target <= 1x: met) of llama-server"]
+    assert "| 0.9 |" in rep.parts[0]
+    assert [ax.get_title() for ax in bench.plot({}, {}, {}, prefix).axes] == ["shared prefix: TTFT P50 ms (medians over rounds)"]
