@@ -110,7 +110,8 @@ def measure_engine(engine_name: str, args) -> dict:
                         peers_bench.wait_quiet([server.pid])
                         results.setdefault(streams, {}).setdefault(variant, []).append(measured)
                         print(f"{engine_name} {streams} streams round {round_number + 1} {variant}: "
-                              f"{measured.rate:.1f} tok/s", flush=True)
+                              f"{measured.rate:.1f} tok/s, TTFT P50 {measured.ttft_p50:.0f} P99 {measured.ttft_p99:.0f} "
+                              f"ms, ITL P50 {measured.itl_p50:.1f} ms", flush=True)
         finally:
             engine.shutdown()
             os.sched_setaffinity(0, range(os.cpu_count()))
