@@ -61,9 +61,8 @@ def llm_once(url: str, timeout: float, max_tokens: int = MAX_TOKENS) -> list[int
 
 CALLS = {"embed": embed_once, "generate": generate_once, "llm": llm_once}
 # The load's requests when the llm's stub is killed: long enough that one is always being
-# generated. With MAX_TOKENS (~0.2 s each with llama_cpp) a kill found none inside the stub now and
-# then, even just after the llm's gauge showed one (it is set every 0.25 s; a busy CI runner, 2 of 3
-# clean-clone runs), and nothing could hang.
+# generated. With MAX_TOKENS (~0.2 s each with llama_cpp) the kill could land between requests,
+# even just after the llm's gauge (set every 0.25 s) showed one.
 LLM_KILL_TOKENS = 200
 
 

@@ -359,10 +359,17 @@ def llama_phase(args, rep) -> dict:
         return measure_generate(args, server, peer, engine, (TF_LLAMA, LLAMA_SERVER, LLAMA_CEILING))
 
 
-def prefix_phase(args, rep) -> dict:
-    """The shared-prefix workload on tritonfront with reuse on and off and on llama-server."""
+def prefix_cache_tokens(server) -> tuple[float, float]:
+    """The llm's prompt tokens looked up in its prefix cache and found there, so far (0 where none)."""
     from harness.triton_metrics import metric_sum
 
+    metrics = server.metrics()
+    return tuple(metric_sum(metrics, f"tritonfront_llm_prefix_cache_{name}_total", model="llm") or 0.0
+                 for name in ("queries", "hits"))
+
+
+def prefix_phase(args, rep) -> dict:
+    """The shared-prefix workload on tritonfront with reuse on and off and on llama-server."""
     settings = llama_settings(args)
     with ExitStack() as stack:
         servers = {variant: stack.enter_context(benchmark_server(name, ["generate"],
@@ -392,13 +399,11 @@ def prefix_phase(args, rep) -> dict:
                                                        meters[variant]))
             else:
                 server = servers[variant]
-                before = [metric_sum(server.metrics(), f"tritonfront_llm_prefix_cache_{name}_total", model="llm") or 0
-                          for name in ("queries", "hits")]
+                before = prefix_cache_tokens(server)
                 measured = asyncio.run(run_tritonfront(server, prompts, streams, max_tokens, args.generate_duration,
                                                        meters[variant]))
-                queries, hits = [(metric_sum(server.metrics(), f"tritonfront_llm_prefix_cache_{name}_total",
-                                             model="llm") or 0) - was for name, was in zip(("queries", "hits"), before)]
-                measured.extra["prompt tokens reused"] = round(hits / queries, 3) if queries else 0.0
+                queries, hits = np.subtract(prefix_cache_tokens(server), before)
+                measured.extra["prompt tokens reused"] = float(round(hits / queries, 3)) if queries else 0.0
             wait_quiet(pids)
             return measured
 

@@ -53,8 +53,11 @@ def instance_count(server, model: str) -> int:
     *(m for m in PIPELINES if m != "llm"),
     # Python backend r24.10 never sends a final response for the requests a dead decoupled
     # stub was streaming (their response factories lived in the stub), so they hang until the
-    # client gives up; the reload still brings `generate` back.
-    pytest.param("llm", marks=pytest.mark.xfail(raises=HungRequests, strict=True,
+    # client gives up; the reload still brings `generate` back. Not strict: whether a request is
+    # inside the stub at the kill is not something a client controls, and in two clean-clone runs
+    # (2026-12-07, one on a quiet machine with the llm's requests 200 tokens long) every request in
+    # flight ended within seconds; everything else the test asserts holds either way.
+    pytest.param("llm", marks=pytest.mark.xfail(raises=HungRequests, strict=False,
                                                 reason="a dead decoupled stub's requests never end")),
 ])
 def test_killed_stub_fails_in_flight_requests_and_is_reloaded(watched_server, model):
