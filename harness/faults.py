@@ -204,8 +204,8 @@ def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, cli
     first correct answer after the last failure: with several instances, the others may answer
     before (`first_success_s`)."""
     once = CALLS[via or PIPELINES[model]]
-    call = ((lambda: once(server.grpc_url, hang_s, LLM_KILL_TOKENS)) if model == "llm"  # noqa: E731
-            else (lambda: once(server.grpc_url, hang_s)))
+    length = (LLM_KILL_TOKENS,) if model == "llm" else ()  # embed_once takes no max_tokens
+    call = lambda: once(server.grpc_url, hang_s, *length)  # noqa: E731
     reference = call()
     check = lambda value: same_result(value, reference)  # noqa: E731
     restores_before = len(watchdog.restores)

@@ -335,6 +335,13 @@ def llama_settings(args) -> dict:
             "kv_cache_tokens": args.llama_context, "num_threads": args.llama_threads}
 
 
+def llama_peer(args, unified: bool = False):
+    """llama-server on the shipped GGUF with the settings llama_settings gives the engine."""
+    return peers.llama_server(model_sources.llm_gguf_file(), RAW / "bench_peers.llama_server.log",
+                              parallel=args.llama_slots, context_tokens=args.llama_context,
+                              threads=args.llama_threads, unified=unified)
+
+
 def llama_deployment(name: str, settings: dict) -> list:
     from harness.deploy import GENERATE_MODELS, write_deployment
 
@@ -350,9 +357,7 @@ def llama_phase(args, rep) -> dict:
     repositories = llama_deployment("bench_peers_llama", settings)
     with ExitStack() as stack:
         server = stack.enter_context(benchmark_server("bench_peers_llama", ["generate"], repositories=repositories))
-        peer = stack.enter_context(peers.llama_server(model_sources.llm_gguf_file(), RAW / "bench_peers.llama_server.log",
-                                                      parallel=args.llama_slots, context_tokens=args.llama_context,
-                                                      threads=args.llama_threads))
+        peer = stack.enter_context(llama_peer(args))
         config = LLMConfig(engine="llama_cpp", **settings)
         engine = create_engine("llama_cpp", model_sources.llm_model_dir(), "cpu", config.engine_config())
         stack.callback(engine.shutdown)
@@ -376,9 +381,7 @@ def prefix_phase(args, rep) -> dict:
                                                                  repositories=llama_deployment(name, dict(settings, **extra))))
                    for variant, name, extra in ((TF_LLAMA, "bench_peers_prefix", {}),
                                                 (TF_LLAMA_NO_REUSE, "bench_peers_prefix_off", {"prompt_cache": "false"}))}
-        peer = stack.enter_context(peers.llama_server(model_sources.llm_gguf_file(), RAW / "bench_peers.llama_server.log",
-                                                      parallel=args.llama_slots, context_tokens=args.llama_context,
-                                                      threads=args.llama_threads, unified=True))
+        peer = stack.enter_context(llama_peer(args, unified=True))
         meters = {variant: CpuMeter(server.pid, lambda server=server: llm_stub_pid(server))
                   for variant, server in servers.items()}
         meters[LLAMA_SERVER] = CpuMeter(peer.pid)
@@ -510,8 +513,6 @@ def embed_phase(args, rep) -> dict:
     return results
 
 
-# (tritonfront, peer, ceiling), the peer's name in the text, and the targets: tok/s ratio at least, TTFT P99
-# ratio at most.
 # (tritonfront, peer, ceiling), the peer's name, the tok/s ratio target at a number of streams (None:
 # no target there), the TTFT P99 ratio target.
 GENERATE_PAIRS = {"generate": ((TF, TS, CEILING), "transformers serve", lambda streams: 1.2 if streams >= 16 else None,

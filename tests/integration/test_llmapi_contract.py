@@ -292,8 +292,8 @@ def test_a_stop_request_ends_a_stream_and_a_whole_answer_of_its_id(server):
         server, prompt=COUNTING, request_id="story-2", sampling_param_max_tokens=STOPPED_MAX_TOKENS,
         return_finish_reason=True)))
     whole.start()
-    assert poll(lambda: llm_gauges(server.metrics())["active_sequences"], 60, every=0.05), \
-        "the whole request never ran in the llm"
+    assert poll(lambda: not whole.is_alive() or llm_gauges(server.metrics())["active_sequences"], 60, every=0.05) \
+        and whole.is_alive(), "the whole request never ran in the llm"
     assert stop_signal(server, "story-2").status() == "StatusCode.CANCELLED"
     whole.join(timeout=60)
     assert outputs(result["r"])["finish_reason"].tolist() == [b"cancelled"]

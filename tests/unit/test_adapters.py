@@ -28,6 +28,7 @@ from tritonfront.core.shared_tables import open_rows, table_path
 from tritonfront import stubs
 from tritonfront.core.tokenization import BatchTokenizer, TextRequest
 from tritonfront.errors import ConfigError
+from tritonfront.watchdog import running
 
 ROOT = Path(__file__).resolve().parents[2]
 GLUE = "tritonfront.stubs.glue"
@@ -552,13 +553,6 @@ def test_llm_config_errors_fail_loading_before_the_engine_starts(pb_utils, args,
     assert str(error.value).startswith(message)
 
 
-def _dead_or_zombie(process: psutil.Process) -> bool:
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def test_a_stubs_watcher_outlives_a_group_sigterm_and_kills_the_stub_once_its_server_is_gone(pb_utils):
     """glue.exit_with_server's shell loop on a stand-in server (a Python process) and stub (its
     `sleep` child): a SIGTERM to the watcher (serve.sh's whole group gets one) leaves it watching;
@@ -584,7 +578,7 @@ def test_a_stubs_watcher_outlives_a_group_sigterm_and_kills_the_stub_once_its_se
         assert "is gone" in watcher.stderr.read()
         # kill -9 returns before the stub dies (it dies when next scheduled): a loaded runner saw it
         # still 'running' at once (CI, 2026-12-07). A zombie is dead, waiting on its new parent.
-        assert poll(lambda: _dead_or_zombie(stub), timeout=10), stub.status()
+        assert poll(lambda: not running(stub.pid), timeout=10), stub.status()
     finally:
         for process in (server, watcher):
             process.kill()
