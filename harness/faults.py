@@ -46,24 +46,20 @@ def embed_once(url: str, timeout: float) -> np.ndarray:
     return result.as_numpy("embedding")
 
 
-def generate_once(url: str, timeout: float, max_tokens: int = MAX_TOKENS) -> str:
+def generate_once(url: str, timeout: float) -> str:
     """Greedy through the `generate` ensemble, streamed: the chunks joined."""
-    responses = one_streamed_request(url, "generate", generate_inputs(PROMPT, max_tokens, stream=True), timeout)
+    responses = one_streamed_request(url, "generate", generate_inputs(PROMPT, MAX_TOKENS, stream=True), timeout)
     return "".join(output(r, "text_output") for r in responses)
 
 
-def llm_once(url: str, timeout: float, max_tokens: int = MAX_TOKENS) -> list[int]:
+def llm_once(url: str, timeout: float) -> list[int]:
     """Greedy from `llm` itself (token ids in), streamed: the ids joined."""
-    inputs = llm_inputs(prompt_ids(PROMPT, chat=False), max_tokens, stream=True)
+    inputs = llm_inputs(prompt_ids(PROMPT, chat=False), MAX_TOKENS, stream=True)
     responses = one_streamed_request(url, "llm", inputs, timeout, final_output="is_final")
     return [i for r in responses for i in r.as_numpy("output_ids").reshape(-1).tolist()]
 
 
 CALLS = {"embed": embed_once, "generate": generate_once, "llm": llm_once}
-# The load's requests when the llm's stub is killed: long enough that one is always being
-# generated. With MAX_TOKENS (~0.2 s each with llama_cpp) the kill could land between requests,
-# even just after the llm's gauge (set every 0.25 s) showed one.
-LLM_KILL_TOKENS = 200
 
 
 def same_result(value, reference) -> bool:
@@ -204,8 +200,7 @@ def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, cli
     first correct answer after the last failure: with several instances, the others may answer
     before (`first_success_s`)."""
     once = CALLS[via or PIPELINES[model]]
-    length = (LLM_KILL_TOKENS,) if model == "llm" else ()  # embed_once takes no max_tokens
-    call = lambda: once(server.grpc_url, hang_s, *length)  # noqa: E731
+    call = lambda: once(server.grpc_url, hang_s)  # noqa: E731
     reference = call()
     check = lambda value: same_result(value, reference)  # noqa: E731
     restores_before = len(watchdog.restores)
@@ -214,7 +209,8 @@ def kill_under_load(server, watchdog, model: str, via: Optional[str] = None, cli
         while sum(1 for o in load.snapshot() if o.correct) < steady and time.monotonic() < deadline:
             time.sleep(0.05)
         # A request is inside the llm's stub only while the llm generates it; the rest of its time
-        # is in the tokenizer and detokenizer (LLM_KILL_TOKENS says why its requests are long).
+        # is in the tokenizer and detokenizer. With llama_cpp (24 tokens in ~0.2 s) a kill at any
+        # moment found none inside it now and then, and nothing could hang.
         if model == "llm":
             poll(lambda: llm_gauges(server.metrics())["active_sequences"], deadline - time.monotonic(), every=0.01)
         before = model_stubs(server.pid, model)
