@@ -124,12 +124,15 @@ class CpuSampler:
         return last[0] - first[0], {k: last[1].get(k, 0.0) - first[1].get(k, 0.0) for k in last[1]}
 
 
+EXPORT_ATTEMPTS = 4
+
+
 def grpc_measure(server, streams: int, data: Path, export: Path, window_s: float, warmup_s: float) -> Measure:
     """perf_analyzer on `generate`; the window is its last measurement window."""
     command = ["perf_analyzer", "-m", "generate", "-u", server.grpc_url, "-i", "grpc", "--streaming",
                "--input-data", str(data), f"--concurrency-range={streams}", "-p", str(int(window_s * 1000)),
                "-r", "3", "-s", "999", "--max-threads", "16", "--profile-export-file", str(export)]
-    for attempt in (1, 2):
+    for attempt in range(1, EXPORT_ATTEMPTS + 1):
         export.unlink(missing_ok=True)  # perf_analyzer refuses an export file that exists (an earlier round's)
         with CpuSampler(server) as sampler:
             done = subprocess.run(command, capture_output=True, text=True, timeout=warmup_s + 6 * window_s + 300)
@@ -141,9 +144,10 @@ def grpc_measure(server, streams: int, data: Path, export: Path, window_s: float
             experiment = json.loads(export.read_text())["experiments"][0]
             break
         except json.JSONDecodeError as error:
-            # Seen once (2026-11-28): perf_analyzer exited 0 leaving 1.9 of its ~22 MB export.
-            if attempt == 2:
-                raise RuntimeError(f"perf_analyzer's export {export} was cut short twice: {error}") from error
+            # perf_analyzer (2.51) now and then exits 0 leaving part of its export (cut at a 4 KiB
+            # boundary): 5 of 50 tries in one run on 2026-12-07, two in a row once, at 1,024 streams.
+            if attempt == EXPORT_ATTEMPTS:
+                raise RuntimeError(f"perf_analyzer's export {export} was cut short {attempt} times: {error}") from error
             print(f"perf_analyzer's export was cut short ({error}); measuring again", flush=True)
     boundaries = experiment["window_boundaries"]
     start, end = boundaries[-2] / 1e9, boundaries[-1] / 1e9
@@ -337,6 +341,8 @@ def main() -> None:
         routes=(list(ROUTES), "grpc (perf_analyzer on generate), openai (wrk on /v1/completions)"),
         rounds=2, window=(20.0, "seconds measured per point"), warmup=(10.0, "seconds of load before it"),
         ceiling=(1, "1: measure the in-process ceiling too; 0: skip it"))
+    if "openai" in args.routes and shutil.which("wrk") is None:  # found before the servers start, not after a phase
+        raise SystemExit("the openai route needs wrk on PATH (Debian: apt-get install wrk), or pass --routes grpc")
     out = RAW / "bench_capacity"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -367,6 +373,9 @@ def main() -> None:
                             measured = openai_measure(server, streams, args.max_tokens, args.window, args.warmup, out)
                         measured.offered = offered
                         results.setdefault((route, streams, variant), []).append(measured)
+                        # Kept as measured: a point that fails later leaves the ones before it.
+                        report.write_raw("bench_capacity", {"/".join(map(str, key)): [vars(m) for m in value]
+                                                             for key, value in results.items()})
                         print(f"round {round_} {route} {streams} streams {variant}: {measured.carried:,.0f} of "
                               f"{offered:,.0f} tok/s, server {measured.server_us:.0f} us/token "
                               f"{ {k: round(v) for k, v in measured.cpu_us.items()} }, ITL P50 {measured.itl_p50:.1f} "

@@ -540,3 +540,24 @@ def test_the_engine_is_built_on_a_thread_that_has_ended(gguf, monkeypatch):
         assert len(generated(built, {"after": ([100, 200, 300], SamplingParams(max_tokens=3))})["after"]) >= 1
     finally:
         built.shutdown()
+
+
+
+def test_a_single_token_step_leaves_a_core_unless_told_otherwise(engine, gguf, reference):
+    """single_token_threads is llama.cpp's n_threads (a ubatch of one token: a lone sequence
+    generating), num_threads its n_threads_batch (every larger ubatch). 0 leaves one core to the
+    front end; the greedy tests above run on that split (alone: one thread; together: two)."""
+    from tritonfront.engines import llama_cpp as engine_module
+
+    def split(built):
+        return [(engine_module.llama.llama_n_threads(context.ctx), engine_module.llama.llama_n_threads_batch(context.ctx))
+                for context in built._contexts]
+
+    assert split(engine) == [(1, 2), (1, 2)]  # the pool and the slots, num_threads 2
+    built = make_engine(gguf, kv_cache_tokens=1024, kv_slot_tokens=0, max_num_seqs=2, single_token_threads=2)
+    try:
+        assert split(built) == [(2, 2)]
+        ids = tokens(reference, PROMPTS[0])
+        assert generated(built, {"a": (ids, SamplingParams(max_tokens=8))})["a"] == reference_greedy(ids, 8)
+    finally:
+        built.shutdown()

@@ -181,6 +181,11 @@ class LLMConfig(Config):
     num_threads: int = _parameter(0, "compute threads per instance (torch intra-op threads; llama.cpp's threads with "
                                      "engine llama_cpp); 0: one per core, with llama_cpp split between the ranks",
                                   minimum=0)
+    single_token_threads: int = _parameter(
+        0, "llama_cpp: threads for a step that feeds a single token (one sequence generating and nothing else: "
+           "llama.cpp's n_threads; every larger step uses num_threads, its n_threads_batch); 0: one fewer than "
+           "num_threads, at least 1, leaving a core to Triton and the stubs",
+        minimum=0)
     synthetic_step_ms: int = _parameter(20, "synthetic: milliseconds of an engine step, in which every running "
                                             "sequence gets one token (the thread sleeps them)", minimum=1)
     synthetic_step_us_per_seq: int = _parameter(0, "synthetic: microseconds a step lasts longer per running sequence",
@@ -207,7 +212,8 @@ class LLMConfig(Config):
             num_threads = num_threads or max(1, (os.cpu_count() or 1) // ranks)
         return EngineConfig(max_num_seqs=self.max_num_seqs, kv_cache_tokens=self.kv_cache_tokens,
                             max_batch_tokens=self.max_batch_tokens, dtype=self.dtype, attention=self.attention,
-                            num_threads=num_threads, gguf_file=gguf_file,
+                            num_threads=num_threads, single_token_threads=self.single_token_threads,
+                            gguf_file=gguf_file,
                             kv_slot_tokens=self.kv_slot_tokens, prompt_cache=self.prompt_cache == "true",
                             synthetic_step_ms=self.synthetic_step_ms,
                             synthetic_step_us_per_seq=self.synthetic_step_us_per_seq,

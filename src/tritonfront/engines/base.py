@@ -149,6 +149,10 @@ class EngineConfig:
     dtype: str = "auto"  # one of DTYPES
     attention: str = "varlen"  # one of ATTENTIONS; only the transformers engine reads it
     num_threads: int = 0  # the llama.cpp engine's compute threads; 0: one per core (torch's are set by the model)
+    # The llama.cpp engine's threads for a step that feeds a single token (llama.cpp's n_threads;
+    # every larger step uses num_threads, its n_threads_batch); 0: one fewer than num_threads, at
+    # least 1 (engines/llama_cpp.py says why).
+    single_token_threads: int = 0
     gguf_file: Optional[str] = None  # the weights the llama.cpp engine loads, as they ship
     # llama.cpp engine: cells of each running sequence's own slot (a second KV cache split into
     # max_num_seqs slots, llama-server's -np layout), where a request runs while its tokens fit,

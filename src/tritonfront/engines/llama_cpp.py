@@ -142,13 +142,15 @@ class _Context:
     """One llama.cpp context on the engine's model: its KV cache (one pool of `cells`, or split
     into `seq_ids` slots), its batch and its logits."""
 
-    def __init__(self, model, cells: int, n_batch: int, seq_ids: int, unified: bool, threads: int):
+    def __init__(self, model, cells: int, n_batch: int, seq_ids: int, unified: bool, threads: int,
+                 single_token_threads: int):
         params = llama.llama_context_default_params()
         params.n_ctx = cells  # 0: the model's training context
         params.n_batch = params.n_ubatch = n_batch
         params.n_seq_max = seq_ids
         params.kv_unified = unified
-        params.n_threads = params.n_threads_batch = threads
+        # llama.cpp computes a ubatch of one token on n_threads and any larger one on n_threads_batch.
+        params.n_threads, params.n_threads_batch = single_token_threads, threads
         params.no_perf = True
         self.ctx = llama.llama_init_from_model(model, params)
         if not self.ctx:
@@ -345,13 +347,19 @@ class LlamaCppEngine(Engine):
     def _init_contexts(self, config: EngineConfig) -> None:
         """The pool (unified) and, with kv_slot_tokens, the slots (split), on one model."""
         threads = config.num_threads or os.cpu_count() or 1
+        # A lone sequence's step leaves a core to Triton and the stubs, which carry each of its
+        # tokens as a chunk of its own: llama.cpp's threads wait for each other at every op, so one
+        # of them preempted stalls the step. On 2 cores (2026-12-07, generate at 1 stream, 3
+        # alternating rounds): 1 thread there carried 1.11-1.26x the tokens/s of 2, ITL P50 6.3
+        # against 7.4 ms; at 16 streams (steps of 16 tokens, on num_threads) 0.95-1.01x, median 1.0.
+        single = config.single_token_threads or max(1, threads - 1)
         reuse = config.prompt_cache
         # Every step's tokens go in one llama_decode per context: the decode tokens of all
         # sequences at least.
         n_batch = max(config.max_batch_tokens, config.max_num_seqs)
         # Cache entries take the seq_ids beyond the running ones (the unified cache's ids cost no memory).
         pool_ids = llama.llama_max_parallel_sequences() if reuse else config.max_num_seqs
-        self._pool_context = _Context(self._model, config.kv_cache_tokens, n_batch, pool_ids, True, threads)
+        self._pool_context = _Context(self._model, config.kv_cache_tokens, n_batch, pool_ids, True, threads, single)
         self._contexts.append(self._pool_context)
         self._pool = CellPool(self._pool_context.cells, pool_ids, self._locked(self._pool_context.share),
                               self._locked(self._pool_context.clear), reuse)
@@ -368,7 +376,7 @@ class LlamaCppEngine(Engine):
                                  f"{self._pool_context.cells} cells (kv_cache_tokens): a request that outgrows its "
                                  f"slot moves to the pool")
             self._slot_context = _Context(self._model, config.max_num_seqs * config.kv_slot_tokens, n_batch,
-                                          config.max_num_seqs, False, threads)
+                                          config.max_num_seqs, False, threads, single)
             self._contexts.append(self._slot_context)
             self.slot_tokens = self._slot_context.seq_cells  # llama.cpp rounds it up to 256
             self._slots = SlotTable(config.max_num_seqs, self._locked(self._slot_context.copy),
