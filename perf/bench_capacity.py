@@ -250,7 +250,7 @@ def ceiling(streams: int, step_ms: int, max_tokens: int, window_s: float) -> Mea
     from tritonfront.core.generation_request import SequenceRequest
     from tritonfront.core.model_config import LLMConfig
     from tritonfront.core.model_sources import llm_model_dir
-    from tritonfront.core.tokenization import PromptTokenizer
+    from tritonfront.core.tokenization import PromptRequest, PromptTokenizer
     from tritonfront.engines import EngineConfig, SamplingParams, create_engine
 
     model_dir = llm_model_dir()
@@ -283,7 +283,7 @@ def ceiling(streams: int, step_ms: int, max_tokens: int, window_s: float) -> Mea
         with lock:
             counter[0] += 1
             text = texts[counter[0] % len(texts)]
-        ids = tokenizer.tokenizer(text)["input_ids"]
+        ids = tokenizer.encode_prompts([PromptRequest(text)])[0].ids
         loop.submit(None, SequenceRequest(ids, SamplingParams(max_tokens=max_tokens, temperature=0), stream=True))
 
     process = psutil.Process()
@@ -340,7 +340,9 @@ def main() -> None:
         variants=(["1x1", "1x2", "1x4", "2x2"], "deployments: TxD = T tokenizer and D detokenizer instances"),
         routes=(list(ROUTES), "grpc (perf_analyzer on generate), openai (wrk on /v1/completions)"),
         rounds=2, window=(20.0, "seconds measured per point"), warmup=(10.0, "seconds of load before it"),
-        ceiling=(1, "1: measure the in-process ceiling too; 0: skip it"))
+        ceiling=(1, "1: measure the in-process ceiling too; 0: skip it"),
+        resume=(0, "1: take the points an earlier run with the same flags kept in perf/results/raw/"
+                   "bench_capacity.json (it stopped before its end) and measure only the rest"))
     if "openai" in args.routes and shutil.which("wrk") is None:  # found before the servers start, not after a phase
         raise SystemExit("the openai route needs wrk on PATH (Debian: apt-get install wrk), or pass --routes grpc")
     out = RAW / "bench_capacity"
@@ -349,9 +351,30 @@ def main() -> None:
     data = write_input([{"text_input": [text], "max_tokens": [args.max_tokens], "stream": [True]}
                         for text in prompts()], out / "generate.json")
     results: dict = {}
+    if args.resume:
+        kept = json.loads((RAW / "bench_capacity.json").read_text())
+        for key, values in kept.items():
+            if key.count("/") != 2:  # the ceiling's, measured again
+                continue
+            route, streams, variant = key.split("/")
+            if route in args.routes and int(streams) in args.streams and variant in args.variants:
+                results[(route, int(streams), variant)] = [Measure(**value) for value in values][:args.rounds]
+        resumed = sum(len(value) for value in results.values())
+        print(f"resumed: {resumed} points kept by an earlier run", flush=True)
+        planned = args.rounds * len(args.streams) * len(args.routes) * len(args.variants)
+        rep.add(f"Resumed (`--resume`): {resumed} of {planned} points were read from "
+                "perf/results/raw/bench_capacity.json, kept by an earlier invocation with the same flags that "
+                "stopped before its end; this invocation measured the rest and the ceiling. The run time and load "
+                "lines above are this invocation's.\n")
+
+    def missing(round_: int, route: str, streams: int, variant: str) -> bool:
+        return len(results.get((route, streams, variant), [])) <= round_
+
     with contextlib.ExitStack() as stack:
         servers = {}
-        for variant in args.variants:
+        for variant in [v for v in args.variants
+                        if any(missing(r, route, streams, v) for r in range(args.rounds)
+                               for route in args.routes for streams in args.streams)]:
             tokenizers, detokenizers = parse_variant(variant)
             repositories = write_deployment(
                 out / f"deploy_{variant}", "--engine", "synthetic", "--set", f"llm.synthetic_step_ms={args.step_ms}",
@@ -365,6 +388,8 @@ def main() -> None:
                 order = args.variants if round_ % 2 == 0 else args.variants[::-1]
                 for route in (args.routes if round_ % 2 == 0 else args.routes[::-1]):
                     for variant in order:
+                        if not missing(round_, route, streams, variant):
+                            continue
                         server = servers[variant]
                         if route == "grpc":
                             measured = grpc_measure(server, streams, data, out / f"export_{variant}_{streams}.json",

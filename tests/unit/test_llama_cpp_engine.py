@@ -550,7 +550,8 @@ def test_a_single_token_step_leaves_a_core_unless_told_otherwise(engine, gguf, r
     from tritonfront.engines import llama_cpp as engine_module
 
     def split(built):
-        return [(engine_module.llama.llama_n_threads(context.ctx), engine_module.llama.llama_n_threads_batch(context.ctx))
+        llama = engine_module.llama
+        return [(llama.llama_n_threads(context.ctx), llama.llama_n_threads_batch(context.ctx))
                 for context in built._contexts]
 
     assert split(engine) == [(1, 2), (1, 2)]  # the pool and the slots, num_threads 2
