@@ -367,6 +367,11 @@ def main() -> None:
                 "stopped before its end; this invocation measured the rest and the ceiling. The run time and load "
                 "lines above are this invocation's.\n")
 
+    def keep() -> None:
+        """Every point so far to raw/bench_capacity.json, keyed route/streams/variant (what --resume reads)."""
+        report.write_raw("bench_capacity", {"/".join(map(str, key)): [vars(m) for m in value]
+                                            for key, value in results.items()})
+
     def missing(round_: int, route: str, streams: int, variant: str) -> bool:
         return len(results.get((route, streams, variant), [])) <= round_
 
@@ -399,8 +404,7 @@ def main() -> None:
                         measured.offered = offered
                         results.setdefault((route, streams, variant), []).append(measured)
                         # Kept as measured: a point that fails later leaves the ones before it.
-                        report.write_raw("bench_capacity", {"/".join(map(str, key)): [vars(m) for m in value]
-                                                             for key, value in results.items()})
+                        keep()
                         print(f"round {round_} {route} {streams} streams {variant}: {measured.carried:,.0f} of "
                               f"{offered:,.0f} tok/s, server {measured.server_us:.0f} us/token "
                               f"{ {k: round(v) for k, v in measured.cpu_us.items()} }, ITL P50 {measured.itl_p50:.1f} "
@@ -411,8 +415,7 @@ def main() -> None:
             measured.offered = streams * 1000 / args.step_ms
             results[("ceiling", streams)] = [measured]
             print(f"ceiling {streams} streams: {measured.carried:,.0f} tok/s, {measured.cpu_us}", flush=True)
-    report.write_raw("bench_capacity", {"/".join(map(str, key)): [vars(m) for m in value]
-                                         for key, value in results.items()})
+    keep()
     med = lambda values: statistics.median(values) if values else float("nan")  # noqa: E731
     rows = []
     for route in args.routes:
